@@ -1,0 +1,3 @@
+from activator.cli import main
+
+raise SystemExit(main())

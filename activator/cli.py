@@ -1,0 +1,152 @@
+"""The command line: run, check, demo, status, --version.
+
+Exit codes (SPEC.md): 0 clean exit, 1 runtime failure, 2 bad configuration or usage.
+The config path is ``-c``, else ``$ACTIVATOR_CONFIG``, else
+``/etc/activator/activator.yaml``.
+"""
+
+from gevent import monkey
+
+monkey.patch_all()
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import sys  # noqa: E402
+import urllib.error  # noqa: E402
+import urllib.request  # noqa: E402
+from typing import Any  # noqa: E402
+
+from . import __version__  # noqa: E402
+from .core.errors import ConfigError  # noqa: E402
+
+DEFAULT_CONFIG = "/etc/activator/activator.yaml"
+
+
+def config_path(given: str | None) -> str:
+    return given or os.environ.get("ACTIVATOR_CONFIG") or DEFAULT_CONFIG
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from .server import run
+
+    return run(config_path(args.config))
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from .configfile import load_config
+    from .core.config import describe_config, diff_configs
+    from .core.topology import Topology
+
+    try:
+        config = load_config(config_path(args.config))
+        old = load_config(args.against) if args.against else None
+    except ConfigError as error:
+        print(f"activator: {error}", file=sys.stderr)
+        return 2
+    print(f"{config.path}: valid")
+    print(describe_config(config))
+    if config.activators is not None:
+        topology = Topology(config, 0.0)
+        me = config.activators.self_name
+        print(f"\nthis activator ({me}) owns:")
+        for name, service in config.services.items():
+            owned = topology.owned_slots(service)
+            total = sum(owned.values()) if owned is not None else None
+            cc = service.container_concurrency
+            if cc == 0:
+                print(f"  {name}: every pod (container_concurrency 0, not divided)")
+            else:
+                all_slots = cc * sum(1 for p in service.pods if not p.drain)
+                print(f"  {name}: {total} of {all_slots} slots"
+                      + "".join(f"\n    {a}: {n}" for a, n in sorted((owned or {}).items()) if n))
+    if old is not None:
+        diff = diff_configs(old, config)
+        print(f"\nchanges from {old.path}:")
+        print(diff.describe() if not diff.is_empty() else "  (none)")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from .demo import run_demo
+
+    return run_demo(delay=args.delay)
+
+
+def fetch_status(admin: str) -> dict[str, Any]:
+    with urllib.request.urlopen(f"http://{admin}/status", timeout=5) as response:
+        return json.loads(response.read())  # type: ignore[no-any-return]
+
+
+def format_status(status: dict[str, Any]) -> str:
+    """The terminal table of ``activator status``."""
+    lines = []
+    config = status["config"]
+    lines.append(f"activator {status['version']}  config {config['path']}  loaded {config['loaded_at']}"
+                 f"  {'ready' if status['ready'] else 'NOT READY'}")
+    if config["last_error"]:
+        lines.append(f"last reload failed: {config['last_error']}")
+    peers = status["activator"]["peers"]
+    if peers:
+        lines.append("peers: " + ", ".join(f"{n}={a}" + (" (self)" if n == status['activator']['self'] else "")
+                                           for n, a in peers.items()))
+    for name, service in status["services"].items():
+        capacity = "unlimited" if service["capacity"] is None else service["capacity"]
+        lines.append("")
+        lines.append(f"{name}  cc={service['container_concurrency']} {service['lb_policy']}  capacity={capacity}"
+                     f"  in_flight={service['in_flight']}  queued={service['queued']}/{service['queue_depth']}")
+        lines.append(f"  {'POD':<28} {'STATE':<9} {'IN_FLIGHT':>9} {'SLOTS':>5} {'REQUESTS':>9} {'FAILURES':>8}")
+        for pod in service["pods"]:
+            slots = "inf" if pod["slots"] is None else pod["slots"]
+            lines.append(f"  {pod['address']:<28} {pod['state']:<9} {pod['in_flight']:>9} {slots:>5}"
+                         f" {pod['requests']:>9} {pod['failures']:>8}")
+    return "\n".join(lines)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    admin = args.admin
+    if admin is None:
+        from .configfile import load_config
+
+        try:
+            config = load_config(config_path(args.config))
+            admin = str(config.admin) if config.admin else "127.0.0.1:9090"
+        except ConfigError:
+            admin = "127.0.0.1:9090"
+    try:
+        status = fetch_status(admin)
+    except (OSError, urllib.error.URLError, ValueError) as error:
+        print(f"activator: cannot read status from {admin}: {error}", file=sys.stderr)
+        return 1
+    print(json.dumps(status, indent=2) if args.json else format_status(status))
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(prog="activator", description="A request-throttling reverse proxy.")
+    top.add_argument("--version", action="version", version=f"activator {__version__}")
+    sub = top.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run the proxy")
+    run.add_argument("-c", "--config", help=f"config file (default $ACTIVATOR_CONFIG or {DEFAULT_CONFIG})")
+    run.set_defaults(func=cmd_run)
+    check = sub.add_parser("check", help="validate a config file and print what it would serve")
+    check.add_argument("-c", "--config", help="config file to check")
+    check.add_argument("--against", metavar="OLD", help="print the diff a reload from OLD would apply")
+    check.set_defaults(func=cmd_check)
+    demo = sub.add_parser("demo", help="run demo pods and the proxy on loopback")
+    demo.add_argument("--delay", type=float, default=1.0, help="seconds each demo pod takes per request")
+    demo.set_defaults(func=cmd_demo)
+    status = sub.add_parser("status", help="show a running instance's services and pods")
+    status.add_argument("--admin", metavar="HOST:PORT", help="admin address (default: from the config, else 127.0.0.1:9090)")
+    status.add_argument("-c", "--config", help="config file to read the admin address from")
+    status.add_argument("--json", action="store_true", help="print the raw /status JSON")
+    status.set_defaults(func=cmd_status)
+    return top
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except KeyboardInterrupt:
+        return 0

@@ -1,0 +1,915 @@
+"""The configuration model: frozen values, validated strictly.
+
+This module decides what a valid configuration is. It takes plain data (dicts,
+lists, scalars, as a YAML parser returns them) plus a way to find the line of
+each key, and returns a frozen ``Config`` or raises ``ConfigError`` naming file,
+line and key. It never reads files itself (``activator.configfile`` does).
+"""
+
+from __future__ import annotations
+
+import difflib
+import ipaddress
+import math
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields, is_dataclass
+from typing import TypeVar
+
+from activator.core.errors import ConfigError
+
+LB_POLICIES = ("auto", "first-available", "round-robin", "least-in-flight")
+
+
+@dataclass(frozen=True)
+class Address:
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+
+@dataclass(frozen=True)
+class ProbeConfig:
+    path: str = "/healthz"
+    interval: float = 1.0
+    timeout: float = 1.0
+    healthy_after: int = 1
+    unhealthy_after: int = 3
+
+
+@dataclass(frozen=True)
+class PodConfig:
+    address: str  # canonical "host:port" (IPv6 as "[::1]:8000"); the tracker key
+    host: str
+    port: int
+    drain: bool = False
+
+
+@dataclass(frozen=True)
+class ServiceConfig:
+    name: str
+    hosts: tuple[str, ...]  # lower-cased, without port; "*" is the catch-all
+    container_concurrency: int = 1
+    queue_depth: int = 100
+    queue_timeout: float = 30.0
+    connect_timeout: float = 2.0
+    request_timeout: float = 300.0
+    lb_policy: str = "auto"
+    drain_timeout: float = 3600.0
+    probe: ProbeConfig | None = None
+    pods: tuple[PodConfig, ...] = ()
+
+
+@dataclass(frozen=True)
+class LimitsConfig:
+    max_connections: int = 10000
+    client_timeout: float = 60.0
+    max_header_bytes: int = 65536
+    max_body_bytes: int | None = None
+
+
+@dataclass(frozen=True)
+class StatsdConfig:
+    address: Address
+    prefix: str = "activator"
+    tags: bool = False
+
+
+@dataclass(frozen=True)
+class ActivatorsConfig:
+    self_name: str
+    peers: Mapping[str, Address]  # name -> address, includes self_name
+
+
+@dataclass(frozen=True)
+class Config:
+    path: str
+    listen: Address = Address("0.0.0.0", 8080)
+    admin: Address | None = Address("127.0.0.1", 9090)
+    workers: int = 1
+    grace_period: float = 30.0
+    access_log: bool = True
+    limits: LimitsConfig = field(default_factory=LimitsConfig)
+    statsd: StatsdConfig | None = None
+    activators: ActivatorsConfig | None = None
+    services: Mapping[str, ServiceConfig] = field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------- parsing
+
+#: A key path into the plain data: mapping keys are strings, list positions ints.
+KeyPath = tuple[str | int, ...]
+#: Gives the 1-based line of a key path (or of its nearest known ancestor).
+LineOf = Callable[[KeyPath], int | None]
+
+_TOP_KEYS = (
+    "listen",
+    "admin",
+    "workers",
+    "grace_period",
+    "access_log",
+    "limits",
+    "statsd",
+    "activators",
+    "services",
+)
+_LIMITS_KEYS = (
+    "max_connections",
+    "client_timeout",
+    "max_header_bytes",
+    "max_body_bytes",
+)
+_STATSD_KEYS = ("address", "prefix", "tags")
+_ACTIVATORS_KEYS = ("self", "peers")
+_SERVICE_KEYS = (
+    "hosts",
+    "container_concurrency",
+    "queue_depth",
+    "queue_timeout",
+    "connect_timeout",
+    "request_timeout",
+    "lb_policy",
+    "drain_timeout",
+    "probe",
+    "pods",
+)
+_PROBE_KEYS = ("path", "interval", "timeout", "healthy_after", "unhealthy_after")
+_POD_KEYS = ("address", "drain")
+
+# Service names become StatsD name components: no dots, colons, pipes or spaces.
+_SERVICE_NAME = re.compile(r"[A-Za-z0-9_-]+")
+_PEER_NAME = re.compile(r"[A-Za-z0-9_.-]+")
+_STATSD_PREFIX = re.compile(r"[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*")
+# A probe path goes verbatim into a request line: printable ASCII, no spaces.
+_PROBE_PATH = re.compile(r"/[\x21-\x7e]*")
+_HOST_LABEL = re.compile(r"(?!-)[a-z0-9_-]{1,63}(?<!-)")
+_DURATION = re.compile(r"([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(ms|s|m|h)")
+_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+_UNSPECIFIED = ("0.0.0.0", "::")
+_T = TypeVar("_T")
+
+
+def render_key_path(path: KeyPath) -> str:
+    """``("services", "api", "pods", 2)`` -> ``services.api.pods[2]``."""
+    out = ""
+    for part in path:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out = f"{out}.{part}" if out else part
+    return out
+
+
+def normalize_host(value: str) -> str:
+    """The routing key of a Host header value: lower-cased, without ``:port`` or a trailing dot.
+
+    IPv6 literals are bracketed and compressed (``[::1]``), as in a Host header. The
+    config's ``hosts`` are stored in this form, so the router must look Host headers up
+    with this same function. Does not validate and never raises.
+    """
+    host = value.strip().lower()
+    if host.startswith("["):
+        inner = host[1:].partition("]")[0]
+    elif host.count(":") > 1:
+        inner = host
+    else:
+        return host.partition(":")[0].removesuffix(".")
+    return f"[{ipaddress.IPv6Address(inner).compressed}]" if _is_ipv6(inner) else f"[{inner}]"
+
+
+def _is_ipv6(text: str) -> bool:
+    try:
+        ipaddress.IPv6Address(text)
+    except ValueError:
+        return False
+    return True
+
+
+def format_duration(seconds: float) -> str:
+    """A duration the way the YAML file would spell it: ``250ms``, ``30s``, ``5m``, ``1h``, ``1.5s``."""
+    if seconds > 0 and seconds % 3600 == 0:
+        return f"{int(seconds // 3600)}h"
+    if seconds > 0 and seconds % 60 == 0:
+        return f"{int(seconds // 60)}m"
+    if float(seconds).is_integer():
+        return f"{int(seconds)}s"
+    millis = round(seconds * 1000, 6)
+    if seconds < 1 and millis.is_integer():
+        return f"{int(millis)}ms"
+    return f"{seconds!r}s"
+
+
+def resolve_lb_policy(policy: str, cc: int) -> str:
+    """The policy actually used: ``auto`` follows Knative on ``container_concurrency``.
+
+    cc 0 (unlimited) -> least-in-flight, cc 1..3 -> first-available, cc > 3 -> round-robin.
+    Any other policy is returned as is. Raises ValueError for an unknown policy or cc < 0.
+    """
+    if policy not in LB_POLICIES:
+        raise ValueError(f"unknown lb_policy {policy!r}")
+    if cc < 0:
+        raise ValueError(f"container_concurrency must be >= 0, got {cc}")
+    if policy != "auto":
+        return policy
+    if cc == 0:
+        return "least-in-flight"
+    if cc <= 3:
+        return "first-available"
+    return "round-robin"
+
+
+def _describe_value(value: object) -> str:
+    """How a wrong value is shown in an error: its YAML kind and a short rendering."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return f"boolean {'true' if value else 'false'}"
+    if isinstance(value, (int, float)):
+        return f"number {_number(value)}"
+    if isinstance(value, str):
+        shown = value if len(value) <= 60 else value[:57] + "..."
+        return f"string {shown!r}"
+    if isinstance(value, dict):
+        return "a mapping"
+    if isinstance(value, list):
+        return "a list"
+    return f"a {type(value).__name__}"
+
+
+def _number(value: float) -> str:
+    """A number for a message; Python refuses to print ints of more than 4300 digits."""
+    return repr(value) if not isinstance(value, int) or value.bit_length() < 64 else "(huge)"
+
+
+def parse_config(data: object, *, filename: str, line_of: LineOf) -> Config:
+    """Validate the plain data of a config file and return the frozen ``Config``.
+
+    ``data`` is what a YAML parser returns (dicts, lists, scalars); ``line_of`` maps a
+    key path to its line. Raises ``ConfigError`` naming file, line and key on the first
+    problem found. Pure: no I/O.
+    """
+    return _Parser(filename, line_of).config(data)
+
+
+class _Parser:
+    """One validation pass over the plain data.
+
+    Each method checks one kind of value at a key path and returns it in its model
+    form; ``fail`` turns a key path and a message into the ConfigError to raise.
+    """
+
+    def __init__(self, filename: str, line_of: LineOf) -> None:
+        self.filename = filename
+        self.line_of = line_of
+
+    def fail(self, path: KeyPath, message: str) -> ConfigError:
+        return ConfigError(
+            message,
+            filename=self.filename,
+            line=self.line_of(path),
+            key=render_key_path(path),
+        )
+
+    # -- values
+
+    def section(self, value: object, path: KeyPath, allowed: tuple[str, ...]) -> _Section:
+        """A mapping whose keys must all be in ``allowed``; a typo names the allowed keys."""
+        if not isinstance(value, dict):
+            raise self.fail(path, f"must be a mapping, got {_describe_value(value)}")
+        for key in value:
+            if not isinstance(key, str):
+                raise self.fail(path, f"keys must be strings, got {_describe_value(key)}")
+            if key not in allowed:
+                close = difflib.get_close_matches(key, allowed, n=1)
+                hint = f" (did you mean {close[0]}?)" if close else ""
+                raise self.fail((*path, key), f"unknown key{hint}; allowed: {', '.join(allowed)}")
+        return _Section(self, value, path)
+
+    def integer(self, value: object, path: KeyPath, minimum: int) -> int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self.fail(path, f"must be an integer, got {_describe_value(value)}")
+        if value < minimum:
+            raise self.fail(path, f"must be >= {minimum}, got {_number(value)}")
+        return value
+
+    def boolean(self, value: object, path: KeyPath) -> bool:
+        if not isinstance(value, bool):
+            raise self.fail(path, f"must be true or false, got {_describe_value(value)}")
+        return value
+
+    def name(self, value: object, path: KeyPath, pattern: re.Pattern[str], what: str) -> str:
+        if not isinstance(value, str) or not pattern.fullmatch(value):
+            raise self.fail(path, f"must be {what}, got {_describe_value(value)}")
+        return value
+
+    def duration(self, value: object, path: KeyPath, *, positive: bool) -> float:
+        """Seconds, from a number or a string with a unit (ms, s, m, h)."""
+        if isinstance(value, str):
+            match = _DURATION.fullmatch(value)
+            if match is None:
+                raise self.fail(
+                    path,
+                    "must be seconds or a number with a unit ms, s, m or h "
+                    f"(like 250ms, 30s, 5m, 1h), got {value!r}",
+                )
+            seconds = float(match.group(1)) * _DURATION_UNITS[match.group(2)]
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            seconds = float(value) if abs(value) < 1e300 else math.inf
+        else:
+            raise self.fail(
+                path,
+                f"must be a duration (like 250ms, 30s, 5m, 1h), got {_describe_value(value)}",
+            )
+        shown = value if isinstance(value, str) else _number(value)
+        if not math.isfinite(seconds):
+            raise self.fail(path, f"must be a finite duration, got {shown}")
+        if positive and seconds <= 0:
+            raise self.fail(path, f"must be greater than 0, got {shown}")
+        if seconds < 0:
+            raise self.fail(path, f"must not be negative, got {shown}")
+        return seconds
+
+    def address(self, value: object, path: KeyPath, *, listener: bool = False) -> Address:
+        """``host:port`` with an IPv4 address, a host name or a bracketed IPv6 address.
+
+        Only listeners (``listen``, ``admin``) may use the unspecified address
+        (0.0.0.0, [::]): the others are addresses to connect to.
+        """
+        if not isinstance(value, str):
+            raise self.fail(path, f"must be an address host:port, got {_describe_value(value)}")
+        text = value.strip()
+        if text.startswith("["):
+            bracketed = re.fullmatch(r"\[([^\]]*)\]:([^:]*)", text)
+            if bracketed is None:
+                raise self.fail(
+                    path,
+                    f"must be an address host:port (IPv6 as [::1]:8000), got {value!r}",
+                )
+            host_text, port_text = bracketed.groups()
+            if not _is_ipv6(host_text):
+                raise self.fail(path, f"{host_text!r} is not a valid IPv6 address")
+            host = ipaddress.IPv6Address(host_text).compressed
+        else:
+            host_text, colon, port_text = text.rpartition(":")
+            if not colon or not host_text:
+                raise self.fail(path, f"must be an address host:port, got {value!r}")
+            if ":" in host_text:
+                raise self.fail(
+                    path,
+                    f"an IPv6 address needs brackets, like [::1]:8000, got {value!r}",
+                )
+            host = self.hostname(host_text, path)
+        if not (port_text.isascii() and port_text.isdigit()):
+            raise self.fail(path, f"port must be a number 1..65535, got {port_text!r}")
+        if len(port_text) > 5 or not 1 <= int(port_text) <= 65535:
+            shown = port_text if len(port_text) <= 20 else port_text[:17] + "..."
+            raise self.fail(path, f"port must be 1..65535, got {shown}")
+        if not listener and host in _UNSPECIFIED:
+            raise self.fail(path, f"{host} is only for listening; give an address to connect to")
+        return Address(host, int(port_text))
+
+    def hostname(self, text: str, path: KeyPath) -> str:
+        """A valid IPv4 address or DNS name, lower-cased."""
+        host = text.lower()
+        if re.fullmatch(r"[0-9.]+", host):
+            try:
+                return str(ipaddress.IPv4Address(host))
+            except ValueError:
+                raise self.fail(path, f"{text!r} is not a valid IPv4 address") from None
+        if not (
+            host.isascii()
+            and len(host) <= 253
+            and all(_HOST_LABEL.fullmatch(label) for label in host.split("."))
+        ):
+            raise self.fail(path, f"{text!r} is not a valid host name or IP address")
+        return host
+
+    # -- sections
+
+    def config(self, data: object) -> Config:
+        if data is None:
+            raise self.fail((), "the file is empty; expected a mapping")
+        top = self.section(data, (), _TOP_KEYS)
+        default = Config(path=self.filename)
+        listen = default.listen
+        if top.has("listen"):
+            listen = self.address(top.get("listen"), ("listen",), listener=True)
+        admin = default.admin
+        if top.has("admin"):
+            admin = top.optional("admin", lambda v, p: self.address(v, p, listener=True))
+        if admin and admin.port == listen.port and _overlap(admin.host, listen.host):
+            raise self.fail(("admin",), f"must not be the proxy's address {listen}")
+        return Config(
+            path=self.filename,
+            listen=listen,
+            admin=admin,
+            workers=top.integer("workers", default.workers, minimum=1),
+            grace_period=top.duration("grace_period", default.grace_period),
+            access_log=top.boolean("access_log", default.access_log),
+            limits=self.limits(top.get("limits")) if top.has("limits") else default.limits,
+            statsd=top.optional("statsd", self.statsd),
+            activators=top.optional("activators", self.activators),
+            services=self.services(top.get("services")),
+        )
+
+    def limits(self, value: object) -> LimitsConfig:
+        m = self.section(value, ("limits",), _LIMITS_KEYS)
+        d = LimitsConfig()
+        return LimitsConfig(
+            max_connections=m.integer("max_connections", d.max_connections, minimum=1),
+            client_timeout=m.duration("client_timeout", d.client_timeout, positive=True),
+            max_header_bytes=m.integer("max_header_bytes", d.max_header_bytes, minimum=1),
+            max_body_bytes=m.optional("max_body_bytes", lambda v, p: self.integer(v, p, 0)),
+        )
+
+    def statsd(self, value: object, path: KeyPath) -> StatsdConfig:
+        m = self.section(value, path, _STATSD_KEYS)
+        prefix = StatsdConfig.prefix
+        if m.has("prefix"):
+            prefix = self.name(
+                m.get("prefix"),
+                m.path("prefix"),
+                _STATSD_PREFIX,
+                "dot-separated words of A-Z a-z 0-9 _ -",
+            )
+        return StatsdConfig(
+            address=self.address(m.required("address"), m.path("address")),
+            prefix=prefix,
+            tags=m.boolean("tags", StatsdConfig.tags),
+        )
+
+    def activators(self, value: object, path: KeyPath) -> ActivatorsConfig:
+        m = self.section(value, path, _ACTIVATORS_KEYS)
+        self_name = m.required("self")
+        peers_value = m.required("peers")
+        peers_path = m.path("peers")
+        if not isinstance(peers_value, dict) or not peers_value:
+            raise self.fail(
+                peers_path,
+                "must be a mapping of peer name to host:port, with at least one peer; "
+                f"got {_describe_value(peers_value)}",
+            )
+        peers: dict[str, Address] = {}
+        owner: dict[Address, str] = {}
+        for key, address_value in peers_value.items():
+            name = self.name(key, peers_path, _PEER_NAME, "a peer name of A-Z a-z 0-9 _ . -")
+            address = self.address(address_value, (*peers_path, name))
+            if address in owner:
+                raise self.fail(
+                    (*peers_path, name),
+                    f"address {address} is also peer {owner[address]}'s",
+                )
+            owner[address] = name
+            peers[name] = address
+        if not isinstance(self_name, str) or self_name not in peers:
+            raise self.fail(
+                m.path("self"),
+                f"must be one of the peers ({', '.join(peers)}), got {_describe_value(self_name)}",
+            )
+        return ActivatorsConfig(self_name=self_name, peers=peers)
+
+    def services(self, value: object) -> dict[str, ServiceConfig]:
+        """Every service; a host or a pod may belong to one service only."""
+        if value is None:
+            return {}
+        path: KeyPath = ("services",)
+        if not isinstance(value, dict):
+            raise self.fail(
+                path,
+                f"must be a mapping of service name to service, got {_describe_value(value)}",
+            )
+        services: dict[str, ServiceConfig] = {}
+        host_owner: dict[str, str] = {}
+        pod_owner: dict[str, str] = {}
+        for key, body in value.items():
+            name = self.name(key, path, _SERVICE_NAME, "a service name of A-Z a-z 0-9 _ -")
+            service = self.service(body, (*path, name))
+            for index, host in enumerate(service.hosts):
+                if host in host_owner:
+                    raise self.fail(
+                        (*path, name, "hosts", index),
+                        f"host {host!r} is in both services {host_owner[host]} and {name}",
+                    )
+                host_owner[host] = name
+            for index, pod in enumerate(service.pods):
+                if pod.address in pod_owner:
+                    raise self.fail(
+                        (*path, name, "pods", index),
+                        f"pod {pod.address} is in both services "
+                        f"{pod_owner[pod.address]} and {name}",
+                    )
+                pod_owner[pod.address] = name
+            services[name] = service
+        return services
+
+    def service(self, value: object, path: KeyPath) -> ServiceConfig:
+        name = str(path[-1])
+        m = self.section(value, path, _SERVICE_KEYS)
+        d = ServiceConfig(name=name, hosts=())
+        lb_policy = d.lb_policy
+        if m.has("lb_policy"):
+            lb_value = m.get("lb_policy")
+            if not isinstance(lb_value, str) or lb_value not in LB_POLICIES:
+                raise self.fail(
+                    m.path("lb_policy"),
+                    f"must be one of {', '.join(LB_POLICIES)}, got {_describe_value(lb_value)}",
+                )
+            lb_policy = lb_value
+        return ServiceConfig(
+            name=name,
+            hosts=self.hosts(m.required("hosts"), m.path("hosts")),
+            container_concurrency=m.integer(
+                "container_concurrency", d.container_concurrency, minimum=0
+            ),
+            queue_depth=m.integer("queue_depth", d.queue_depth, minimum=0),
+            queue_timeout=m.duration("queue_timeout", d.queue_timeout),
+            connect_timeout=m.duration("connect_timeout", d.connect_timeout, positive=True),
+            request_timeout=m.duration("request_timeout", d.request_timeout, positive=True),
+            lb_policy=lb_policy,
+            drain_timeout=m.duration("drain_timeout", d.drain_timeout),
+            probe=m.optional("probe", self.probe),
+            pods=self.pods(m.get("pods"), m.path("pods")),
+        )
+
+    def hosts(self, value: object, path: KeyPath) -> tuple[str, ...]:
+        if not isinstance(value, list) or not value:
+            raise self.fail(
+                path,
+                f"must be a non-empty list of Host header values, got {_describe_value(value)}",
+            )
+        hosts: list[str] = []
+        for index, item in enumerate(value):
+            host = self.host(item, (*path, index))
+            if host in hosts:
+                raise self.fail((*path, index), f"host {host!r} is listed twice")
+            hosts.append(host)
+        return tuple(hosts)
+
+    def host(self, value: object, path: KeyPath) -> str:
+        """One ``hosts`` entry, validated, in its routing form (see ``normalize_host``)."""
+        if not isinstance(value, str):
+            raise self.fail(path, f"must be a host name, got {_describe_value(value)}")
+        text = value.strip()
+        if text == "*":
+            return "*"
+        if "*" in text:
+            raise self.fail(path, f"only a lone '*' (the catch-all) may use '*', got {value!r}")
+        if text.startswith("["):
+            match = re.fullmatch(r"\[([^\]]*)\](?::[0-9]+)?", text)
+            valid = match is not None and _is_ipv6(match.group(1))
+        elif text.count(":") > 1:
+            valid = _is_ipv6(text)
+        else:
+            name, colon, port = text.partition(":")
+            valid = not colon or (port.isascii() and port.isdigit())
+            if valid:
+                self.hostname(name.removesuffix("."), path)
+        if not valid:
+            raise self.fail(
+                path,
+                f"must be a host name or IP address, optionally with :port, got {value!r}",
+            )
+        return normalize_host(text)
+
+    def probe(self, value: object, path: KeyPath) -> ProbeConfig:
+        m = self.section(value, path, _PROBE_KEYS)
+        d = ProbeConfig()
+        probe_path = d.path
+        if m.has("path"):
+            probe_path = self.name(
+                m.get("path"),
+                m.path("path"),
+                _PROBE_PATH,
+                "a URL path starting with / (no spaces)",
+            )
+        return ProbeConfig(
+            path=probe_path,
+            interval=m.duration("interval", d.interval, positive=True),
+            timeout=m.duration("timeout", d.timeout, positive=True),
+            healthy_after=m.integer("healthy_after", d.healthy_after, minimum=1),
+            unhealthy_after=m.integer("unhealthy_after", d.unhealthy_after, minimum=1),
+        )
+
+    def pods(self, value: object, path: KeyPath) -> tuple[PodConfig, ...]:
+        if value is None:
+            return ()
+        if not isinstance(value, list):
+            raise self.fail(path, f"must be a list of pods, got {_describe_value(value)}")
+        pods: list[PodConfig] = []
+        first: dict[str, int] = {}
+        for index, item in enumerate(value):
+            pod = self.pod(item, (*path, index))
+            if pod.address in first:
+                raise self.fail(
+                    (*path, index),
+                    f"pod {pod.address} is listed twice (also pods[{first[pod.address]}])",
+                )
+            first[pod.address] = index
+            pods.append(pod)
+        return tuple(pods)
+
+    def pod(self, value: object, path: KeyPath) -> PodConfig:
+        """A pod: ``host:port``, or ``{address: host:port, drain: true|false}``."""
+        if isinstance(value, dict):
+            m = self.section(value, path, _POD_KEYS)
+            address = self.address(m.required("address"), m.path("address"))
+            drain = m.boolean("drain", False)
+        elif isinstance(value, str):
+            address = self.address(value, path)
+            drain = False
+        else:
+            raise self.fail(
+                path,
+                "a pod is host:port or {address: host:port, drain: true}, "
+                f"got {_describe_value(value)}",
+            )
+        return PodConfig(address=str(address), host=address.host, port=address.port, drain=drain)
+
+
+class _Section:
+    """A mapping already checked for unknown keys; absent keys give their default."""
+
+    def __init__(self, parser: _Parser, mapping: dict[str, object], path: KeyPath) -> None:
+        self.parser = parser
+        self.mapping = mapping
+        self.where = path
+
+    def path(self, key: str) -> KeyPath:
+        return (*self.where, key)
+
+    def has(self, key: str) -> bool:
+        return key in self.mapping
+
+    def get(self, key: str) -> object:
+        return self.mapping.get(key)
+
+    def required(self, key: str) -> object:
+        if key not in self.mapping:
+            raise self.parser.fail(self.path(key), "required")
+        return self.mapping[key]
+
+    def optional(self, key: str, parse: Callable[[object, KeyPath], _T]) -> _T | None:
+        """Absent or null is None; anything else is parsed."""
+        value = self.mapping.get(key)
+        return None if value is None else parse(value, self.path(key))
+
+    def integer(self, key: str, default: int, *, minimum: int) -> int:
+        if key not in self.mapping:
+            return default
+        return self.parser.integer(self.mapping[key], self.path(key), minimum)
+
+    def boolean(self, key: str, default: bool) -> bool:
+        if key not in self.mapping:
+            return default
+        return self.parser.boolean(self.mapping[key], self.path(key))
+
+    def duration(self, key: str, default: float, *, positive: bool = False) -> float:
+        """``positive``: zero makes no sense (a timeout of zero could never be met)."""
+        if key not in self.mapping:
+            return default
+        return self.parser.duration(self.mapping[key], self.path(key), positive=positive)
+
+
+def _overlap(a: str, b: str) -> bool:
+    """Whether two listen hosts could share a socket address (same, or a wildcard)."""
+    return a == b or a in _UNSPECIFIED or b in _UNSPECIFIED
+
+
+# --------------------------------------------------------------------------- diff
+
+#: Top-level settings that only take effect on restart: the sockets and the processes.
+RESTART_SETTINGS = ("listen", "admin", "workers")
+# Dataclass fields whose YAML key is spelled differently.
+_YAML_NAMES = {"self_name": "self"}
+
+
+@dataclass(frozen=True)
+class Change:
+    """One setting that differs: ``name`` is its dotted YAML path below the service or top level."""
+
+    name: str
+    old: object
+    new: object
+
+    def describe(self) -> str:
+        return f"{self.name} {_show(self.old)} -> {_show(self.new)}"
+
+
+@dataclass(frozen=True)
+class ServiceDiff:
+    """What changes for one service. Pod addresses are canonical ``host:port``.
+
+    A pod is listed "active" (``drain: false``), "drained" (``drain: true``) or not at all:
+    ``add_pods`` were not listed and are now active; ``drain_pods`` were active and are now
+    drained or unlisted, or appear already drained; ``undrain_pods`` were drained and are
+    active again; ``unlist_pods`` were drained and are now unlisted.
+    """
+
+    name: str
+    add_pods: tuple[str, ...] = ()
+    drain_pods: tuple[str, ...] = ()
+    undrain_pods: tuple[str, ...] = ()
+    unlist_pods: tuple[str, ...] = ()
+    changes: tuple[Change, ...] = ()
+
+    def is_empty(self) -> bool:
+        return not (
+            self.add_pods
+            or self.drain_pods
+            or self.undrain_pods
+            or self.unlist_pods
+            or self.changes
+        )
+
+
+@dataclass(frozen=True)
+class ConfigDiff:
+    """What applying a new config means, from the old one.
+
+    ``services`` holds a non-empty ``ServiceDiff`` for every service that changes, added and
+    removed ones included (an added service adds its pods, a removed one drains them).
+    ``restart_needed`` are changes of ``RESTART_SETTINGS``; ``changes`` the other top-level
+    ones (limits, statsd, access_log, grace_period, activators), applied live.
+    """
+
+    added_services: tuple[str, ...] = ()
+    removed_services: tuple[str, ...] = ()
+    services: tuple[ServiceDiff, ...] = ()
+    restart_needed: tuple[Change, ...] = ()
+    changes: tuple[Change, ...] = ()
+
+    def is_empty(self) -> bool:
+        return not (
+            self.added_services
+            or self.removed_services
+            or self.services
+            or self.restart_needed
+            or self.changes
+        )
+
+    def describe(self) -> str:
+        """One human line per change, like ``service api: add pod 10.0.1.7:8000``."""
+        if self.is_empty():
+            return "no changes"
+        lines = [f"restart needed: {change.describe()}" for change in self.restart_needed]
+        lines += [change.describe() for change in self.changes]
+        lines += [f"add service {name}" for name in self.added_services]
+        lines += [f"remove service {name}" for name in self.removed_services]
+        for service in self.services:
+            prefix = f"service {service.name}:"
+            lines += [f"{prefix} {change.describe()}" for change in service.changes]
+            lines += [f"{prefix} add pod {address}" for address in service.add_pods]
+            lines += [f"{prefix} undrain pod {address}" for address in service.undrain_pods]
+            lines += [f"{prefix} drain pod {address}" for address in service.drain_pods]
+            lines += [f"{prefix} unlist drained pod {address}" for address in service.unlist_pods]
+        return "\n".join(lines)
+
+
+def diff_configs(old: Config, new: Config) -> ConfigDiff:
+    """Compare two valid configs (the running one and a new one). Pure."""
+    top = [c for c in _changes("", old, new) if c.name not in ("path", "services")]
+    services = []
+    for name in [*old.services, *(n for n in new.services if n not in old.services)]:
+        service = _service_diff(name, old.services.get(name), new.services.get(name))
+        if not service.is_empty():
+            services.append(service)
+    return ConfigDiff(
+        added_services=tuple(n for n in new.services if n not in old.services),
+        removed_services=tuple(n for n in old.services if n not in new.services),
+        services=tuple(services),
+        restart_needed=tuple(c for c in top if c.name in RESTART_SETTINGS),
+        changes=tuple(c for c in top if c.name not in RESTART_SETTINGS),
+    )
+
+
+def _service_diff(name: str, old: ServiceConfig | None, new: ServiceConfig | None) -> ServiceDiff:
+    before = {pod.address: pod.drain for pod in (old.pods if old else ())}
+    after = {pod.address: pod.drain for pod in (new.pods if new else ())}
+    add: list[str] = []
+    drain: list[str] = []
+    undrain: list[str] = []
+    unlist: list[str] = []
+    for address in [*before, *(a for a in after if a not in before)]:
+        # None: not listed; False: listed; True: listed with drain: true.
+        was, now = before.get(address), after.get(address)
+        if was is None and now is False:
+            add.append(address)
+        elif was is True and now is False:
+            undrain.append(address)
+        elif (was is False and now is not False) or (was is None and now is True):
+            drain.append(address)
+        elif was is True and now is None:
+            unlist.append(address)
+    changes: tuple[Change, ...] = ()
+    if old is not None and new is not None:
+        changes = tuple(c for c in _changes("", old, new) if c.name not in ("name", "pods"))
+    return ServiceDiff(name, tuple(add), tuple(drain), tuple(undrain), tuple(unlist), changes)
+
+
+def _changes(prefix: str, old: object, new: object) -> list[Change]:
+    """Field-by-field differences of two config dataclasses of the same type.
+
+    Recurses into nested sections when both sides have one (``probe.interval``,
+    ``limits.client_timeout``); an ``Address`` or a section appearing or disappearing is
+    one change.
+    """
+    changes: list[Change] = []
+    for f in fields(old):  # type: ignore[arg-type]
+        name = prefix + _YAML_NAMES.get(f.name, f.name)
+        before, after = getattr(old, f.name), getattr(new, f.name)
+        if before == after:
+            continue
+        nested = (
+            is_dataclass(before) and type(before) is type(after) and not isinstance(before, Address)
+        )
+        if nested:
+            changes += _changes(f"{name}.", before, after)
+        else:
+            changes.append(Change(name, before, after))
+    return changes
+
+
+def _show(value: object) -> str:
+    """A config value the way the YAML file would spell it (durations with a unit)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return format_duration(value)
+    if isinstance(value, (tuple, list)):
+        return "[" + ", ".join(_show(item) for item in value) + "]"
+    if isinstance(value, Mapping):
+        return "{" + ", ".join(f"{key}: {_show(item)}" for key, item in value.items()) + "}"
+    if is_dataclass(value) and not isinstance(value, (Address, type)):
+        shown = (
+            f"{_YAML_NAMES.get(f.name, f.name)}: {_show(getattr(value, f.name))}"
+            for f in fields(value)
+        )
+        return "{" + ", ".join(shown) + "}"
+    return str(value)
+
+
+# --------------------------------------------------------------------------- check
+
+
+def describe_config(config: Config) -> str:
+    """What ``activator check`` prints for a valid file: where it listens, then each service."""
+    limits = config.limits
+    max_body = "unlimited" if limits.max_body_bytes is None else str(limits.max_body_bytes)
+    lines = [
+        f"config {config.path}",
+        f"listen {config.listen}",
+        f"admin {config.admin}" if config.admin else "admin disabled",
+        f"workers {config.workers}, grace_period {format_duration(config.grace_period)}, "
+        + f"access_log {_show(config.access_log)}",
+        f"limits: max_connections {limits.max_connections}, "
+        + f"client_timeout {format_duration(limits.client_timeout)}, "
+        + f"max_header_bytes {limits.max_header_bytes}, max_body_bytes {max_body}",
+    ]
+    statsd = config.statsd
+    if statsd is None:
+        lines.append("statsd disabled")
+    else:
+        lines.append(f"statsd {statsd.address}, prefix {statsd.prefix}, tags {_show(statsd.tags)}")
+    if config.activators is not None:
+        peers = ", ".join(f"{name} {address}" for name, address in config.activators.peers.items())
+        lines.append(f"activators: self {config.activators.self_name}; peers {peers}")
+    if not config.services:
+        lines.append("no services")
+    for service in config.services.values():
+        lines += ["", *_describe_service(service)]
+    return "\n".join(lines)
+
+
+def _describe_service(service: ServiceConfig) -> list[str]:
+    cc = service.container_concurrency
+    resolved = resolve_lb_policy(service.lb_policy, cc)
+    lb = (
+        service.lb_policy if resolved == service.lb_policy else f"{service.lb_policy} -> {resolved}"
+    )
+    lines = [
+        f"service {service.name}",
+        f"  hosts: {', '.join(service.hosts)}",
+        f"  container_concurrency {cc}{' (unlimited)' if cc == 0 else ''}, "
+        + f"queue_depth {service.queue_depth}, "
+        + f"queue_timeout {format_duration(service.queue_timeout)}",
+        f"  connect_timeout {format_duration(service.connect_timeout)}, "
+        + f"request_timeout {format_duration(service.request_timeout)}, "
+        + f"drain_timeout {format_duration(service.drain_timeout)}",
+        f"  lb_policy {lb}",
+    ]
+    probe = service.probe
+    if probe is None:
+        lines.append("  probe: none (pods are routable as soon as listed)")
+    else:
+        lines.append(
+            f"  probe: GET {probe.path} every {format_duration(probe.interval)}, "
+            + f"timeout {format_duration(probe.timeout)}, healthy after {probe.healthy_after}, "
+            + f"unhealthy after {probe.unhealthy_after}"
+        )
+    lines.append(f"  pods ({len(service.pods)}):" if service.pods else "  pods: none")
+    lines += [f"    {pod.address}{'  (drain)' if pod.drain else ''}" for pod in service.pods]
+    return lines

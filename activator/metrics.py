@@ -1,0 +1,10 @@
+"""StatsD metrics (placeholder until the metrics issue lands: no sink configured)."""
+
+from __future__ import annotations
+
+from .core.config import StatsdConfig
+from .observe import MetricsSink, NoMetrics
+
+
+def make_metrics(config: StatsdConfig | None) -> MetricsSink:
+    return NoMetrics()

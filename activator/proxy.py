@@ -1,0 +1,240 @@
+"""The proxy: a Falcon sink that routes by Host, waits for a slot, streams to a pod.
+
+What this module decides, for one request:
+
+- which service (``Topology.route``), then a slot via ``gate.acquire`` (FIFO,
+  ``queue_timeout``), then the exchange with the pod through its keep-alive pool;
+- what is forwarded: method, target, end-to-end headers (hop-by-hop ones and those
+  named in ``Connection`` dropped), the original Host, and ``X-Forwarded-For`` /
+  ``-Proto`` / ``-Host``; the body streams from the client (``wsgi.input``; pywsgi
+  de-chunks chunked uploads) and the response body streams back chunk by chunk;
+- a connection that could not be established (nothing sent yet) is retried once,
+  on another pod when one is free;
+- the slot is held until the response body has been delivered to the client (or
+  the client went away) and released exactly once, by ``ProxiedBody.close`` (the
+  WSGI server always calls it) or, when no response started, in ``handle``;
+- activator's own answers come from ``ActivatorError`` subclasses, rendered by
+  ``render_error`` (status, ``X-Activator-Reason``, ``Retry-After``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any, Callable
+
+import falcon
+
+from . import gate
+from .core.errors import ActivatorError, NotOriginForm, ShuttingDown, UpstreamConnectError, UpstreamTimeout
+from .core.throttler import Grant, ServiceThrottler
+from .core.topology import Topology
+from .observe import Observer, RequestRecord
+from .upstream import UpstreamBodyError, UpstreamPool, UpstreamResponse
+
+# Request headers never forwarded (RFC 9110 7.6.1), plus Expect: pywsgi already
+# answered "100 Continue" to the client, and the pod gets the body with its length.
+HOP_BY_HOP = frozenset((
+    "connection", "keep-alive", "proxy-authenticate", "proxy-authorization",
+    "proxy-connection", "te", "trailer", "trailers", "transfer-encoding", "upgrade",
+    "expect", "content-length", "host",
+))
+
+
+def forwarded_headers(env: dict[str, Any]) -> list[tuple[str, str]]:
+    """The end-to-end request headers to send to the pod, in arrival order."""
+    connection_tokens = {t.strip().lower() for t in env.get("HTTP_CONNECTION", "").split(",") if t.strip()}
+    headers: list[tuple[str, str]] = []
+    forwarded_for = None
+    for key, value in env.items():
+        if not key.startswith("HTTP_"):
+            continue
+        name = key[5:].replace("_", "-").lower()
+        if name in HOP_BY_HOP or name in connection_tokens:
+            continue
+        if name == "x-forwarded-for":
+            forwarded_for = value
+            continue
+        if name in ("x-forwarded-proto", "x-forwarded-host"):
+            continue
+        headers.append((name, value))
+    content_type = env.get("CONTENT_TYPE")
+    if content_type:
+        headers.append(("content-type", content_type))
+    client = env.get("REMOTE_ADDR", "")
+    host = env.get("HTTP_HOST", "")
+    headers.append(("host", host))
+    headers.append(("x-forwarded-for", f"{forwarded_for}, {client}" if forwarded_for else client))
+    headers.append(("x-forwarded-proto", env.get("wsgi.url_scheme", "http")))
+    headers.append(("x-forwarded-host", host))
+    return headers
+
+
+def request_body(env: dict[str, Any]) -> tuple[Any, int | None]:
+    """(body, length) for the upstream request: (None, 0) when there is no body."""
+    length = env.get("CONTENT_LENGTH")
+    if length:
+        n = int(length)
+        return (env["wsgi.input"], n) if n else (None, 0)
+    if "chunked" in env.get("HTTP_TRANSFER_ENCODING", "").lower():
+        return env["wsgi.input"], None
+    return None, 0
+
+
+def render_error(resp: falcon.Response, error: ActivatorError) -> None:
+    """Activator's own answer: the one place that maps errors to responses."""
+    resp.status = error.status
+    resp.set_header("X-Activator-Reason", error.reason)
+    if error.retry_after is not None:
+        resp.set_header("Retry-After", str(error.retry_after))
+    resp.content_type = "text/plain; charset=utf-8"
+    resp.text = f"{error.status} {error.reason}\n"
+
+
+class ProxiedBody:
+    """The response body iterable: streams the pod's answer, then releases the slot.
+
+    ``close()`` is called by the WSGI server in every case (fully sent, client gone,
+    write error); it closes the upstream response (reused only if fully read) and
+    releases the grant exactly once.
+    """
+
+    __slots__ = ("_proxy", "_throttler", "_grant", "_response", "_record", "_closed")
+
+    def __init__(self, proxy: Proxy, throttler: ServiceThrottler, grant: Grant,
+                 response: UpstreamResponse, record: RequestRecord) -> None:
+        self._proxy = proxy
+        self._throttler = throttler
+        self._grant = grant
+        self._response = response
+        self._record = record
+        self._closed = False
+
+    def __iter__(self) -> Iterator[bytes]:
+        record = self._record
+        try:
+            for chunk in self._response.chunks():
+                record.bytes_out += len(chunk)
+                yield chunk
+        except UpstreamBodyError as exc:
+            # Head already sent: the only honest signal left is cutting the connection.
+            record.reason = "upstream-body-cut"
+            self._throttler.record_failure(
+                self._grant, "timeouts" if "timeout" in type(exc).__name__.lower() else "resets", time.monotonic()
+            )
+            raise
+        record.complete = True
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._response.close()
+        finally:
+            self._proxy.finish(self._throttler, self._grant, self._record)
+
+
+class Proxy:
+    """The Falcon sink. One instance per process; the topology is swapped under it."""
+
+    def __init__(self, topology: Topology, observer: Observer, pools: Callable[[str], UpstreamPool]) -> None:
+        self.topology = topology
+        self.observer = observer
+        self._pool_for = pools
+        self.stopping = False
+        #: Requests inside the proxy right now (queued or proxied); 0 means drained.
+        self.active = 0
+
+    def __call__(self, req: falcon.Request, resp: falcon.Response, **_: Any) -> None:
+        env = req.env
+        now = time.monotonic()
+        record = RequestRecord(start=now, client=env.get("REMOTE_ADDR", "-"), method=env["REQUEST_METHOD"],
+                               target=env.get("RAW_URI", "/"))
+        self.active += 1
+        body_owner = False
+        try:
+            if self.stopping:
+                raise ShuttingDown()
+            if not (record.target.startswith("/") or (record.target == "*" and record.method == "OPTIONS")):
+                raise NotOriginForm()
+            throttler = self.topology.route(env.get("HTTP_HOST", ""))
+            record.service = throttler.name
+            self.observer.request_started(throttler.name)
+            config = throttler.config
+            grant = gate.acquire(throttler, config.queue_timeout)
+            record.queue_wait = time.monotonic() - now
+            response, grant = self._exchange(env, throttler, grant, record)
+            record.pod = grant.pod.address
+            record.status = response.status
+            resp.status = f"{response.status} {response.reason}" if response.reason else response.status
+            for name, value in response.headers:
+                resp.append_header(name, value)
+            if response.content_length is not None:
+                resp.content_length = response.content_length
+            resp.stream = ProxiedBody(self, throttler, grant, response, record)
+            body_owner = True
+        except ActivatorError as error:
+            record.status = error.status
+            record.reason = error.reason
+            render_error(resp, error)
+        finally:
+            if not body_owner:
+                self.active -= 1
+                record.end = time.monotonic()
+                self.observer.request_done(record)
+
+    def _exchange(self, env: dict[str, Any], throttler: ServiceThrottler, grant: Grant,
+                  record: RequestRecord) -> tuple[UpstreamResponse, Grant]:
+        """Send the request to the granted pod (retrying a failed connect once).
+
+        Returns the response and the grant it runs on; on error the grant is released
+        and the ActivatorError propagates.
+        """
+        config = throttler.config
+        headers = forwarded_headers(env)
+        body, length = request_body(env)
+        attempts = 2
+        while True:
+            attempts -= 1
+            pod = grant.pod
+            sent_at = time.monotonic()
+            try:
+                response = self._pool_for(pod.address).request(
+                    env["REQUEST_METHOD"], record.target, headers, body, length,
+                    connect_timeout=config.connect_timeout, request_timeout=config.request_timeout,
+                )
+            except UpstreamConnectError as error:
+                record.pod = pod.address
+                throttler.record_failure(grant, "connect_errors", time.monotonic())
+                if attempts and getattr(error, "retriable", False) and not self.stopping:
+                    grant = gate.acquire_retry(throttler, grant, config.queue_timeout)
+                    continue
+                throttler.release(grant, time.monotonic())
+                raise
+            except UpstreamTimeout:
+                record.pod = pod.address
+                throttler.record_failure(grant, "timeouts", time.monotonic())
+                throttler.release(grant, time.monotonic())
+                raise
+            except BaseException:
+                throttler.release(grant, time.monotonic())
+                raise
+            throttler.record_success(grant)
+            record.upstream_start = sent_at
+            return response, grant
+
+    def finish(self, throttler: ServiceThrottler, grant: Grant, record: RequestRecord) -> None:
+        """End of a proxied response (called once, from ProxiedBody.close)."""
+        throttler.release(grant, time.monotonic())
+        self.active -= 1
+        record.end = time.monotonic()
+        self.observer.request_done(record)
+
+
+def make_app(proxy: Proxy) -> falcon.App:
+    """The WSGI app for the proxy port: every path goes to the sink."""
+    app = falcon.App(media_type=None)
+    app.req_options.strip_url_path_trailing_slash = False
+    app.add_sink(proxy, prefix="/")
+    return app

@@ -1,0 +1,294 @@
+"""The running process: listeners, the topology writer, reloads, signals, shutdown.
+
+What this module decides:
+
+- Listeners: sockets created here with TCP_NODELAY (without it pywsgi stalls ~40 ms
+  per keep-alive response) and SO_REUSEADDR; the proxy's pywsgi server spawns from a
+  ``Pool`` of ``limits.max_connections`` (its size caps client connections).
+- One writer of topology: config reloads, the periodic tick (drain timeouts, idle
+  pools) and probe results are applied from greenlets that never yield while they
+  change state; requests only acquire and release.
+- Reload: the file is parsed and validated in the hub's threadpool (a big file must
+  not stall requests), then swapped in on the hub without yielding. A bad file
+  changes nothing; the error is logged, counted and shown in /status. ``listen``,
+  ``admin`` and ``workers`` changes are reported as needing a restart.
+- Signals (``gevent.signal_handler`` only): SIGHUP re-reads the file; SIGTERM or
+  SIGINT starts a graceful stop: /readyz turns 503, the listener closes, new
+  requests on kept-alive connections get 503 ``shutting-down``, queued and in-flight
+  requests finish within ``grace_period``, then exit 0. A second SIGTERM or SIGINT
+  exits at once.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+from typing import Any
+
+import gevent
+import gevent.pool
+from gevent.event import Event
+from gevent.pywsgi import WSGIHandler, WSGIServer
+
+from . import __version__
+from .admin import make_admin_app
+from .configfile import load_config
+from .core.config import Address, Config, diff_configs
+from .core.errors import ConfigError
+from .core.topology import Topology
+from .metrics import make_metrics
+from .observe import Observer
+from .prober import Prober
+from .proxy import Proxy, make_app
+from .systemd import Notifier, run_watchdog
+from .upstream import UpstreamPool
+from .watcher import FileWatcher
+
+log = logging.getLogger("activator")
+
+TICK_SECONDS = 0.5
+
+
+class ProxyHandler(WSGIHandler):
+    """pywsgi's handler, exposing the raw request target (``RAW_URI``) to the app."""
+
+    def get_environ(self) -> dict[str, Any]:
+        env = super().get_environ()
+        env["RAW_URI"] = self.path
+        return env
+
+
+def listen_socket(address: Address, *, reuse_port: bool = False, backlog: int = 1024) -> socket.socket:
+    """A listening TCP socket with TCP_NODELAY (inherited by accepted sockets on Linux)."""
+    family = socket.AF_INET6 if ":" in address.host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.bind((address.host, address.port))
+    sock.listen(backlog)
+    sock.setblocking(False)
+    return sock
+
+
+class Runtime:
+    """Everything one activator process runs; built from a valid config."""
+
+    def __init__(self, config: Config, *, worker: tuple[int, int] = (0, 1)) -> None:
+        self.config = config
+        self.path = config.path
+        self.loaded_at = time.time()
+        self.last_error: str | None = None
+        self.started = time.monotonic()
+        self.ready = False
+        self.stopping = False
+        self.notifier = Notifier.from_env()
+        self.observer = Observer(access_log=config.access_log, metrics=make_metrics(config.statsd))
+        self.topology = Topology(config, time.monotonic(), worker=worker, on_transition=self.observer.transition)
+        self._pools: dict[str, UpstreamPool] = {}
+        self.proxy = Proxy(self.topology, self.observer, self.pool_for)
+        self.prober = Prober(self.topology)
+        self.watcher = FileWatcher(self.path, self.reload)
+        self._stopped = Event()
+        self._greenlets: list[gevent.Greenlet] = []
+        self.server: WSGIServer | None = None
+        self.admin_server: WSGIServer | None = None
+
+    # -- upstream pools ---------------------------------------------------------
+
+    def pool_for(self, address: str) -> UpstreamPool:
+        pool = self._pools.get(address)
+        if pool is None:
+            host, _, port = address.rpartition(":")
+            pool = self._pools[address] = UpstreamPool(host.strip("[]"), int(port))
+        return pool
+
+    def _close_unused_pools(self) -> None:
+        tracked = {a for s in self.topology.services.values() for a in s.trackers}
+        for address in [a for a in self._pools if a not in tracked]:
+            self._pools.pop(address).close()
+
+    # -- lifecycle --------------------------------------------------------------
+
+    def start(self) -> None:
+        """Bind the listeners and start serving; raises OSError if a port is taken."""
+        config = self.config
+        limits = config.limits
+        listener = listen_socket(config.listen, reuse_port=config.workers > 1)
+        self.server = WSGIServer(
+            listener, make_app(self.proxy), spawn=gevent.pool.Pool(limits.max_connections),
+            handler_class=ProxyHandler, log=None, error_log=_PywsgiErrors(),
+        )
+        self.server.start()
+        if config.admin is not None:
+            if config.admin.host not in ("127.0.0.1", "::1", "localhost"):
+                log.warning("admin API listens on %s, not on loopback: anyone who can reach it sees /status",
+                            config.admin)
+            self.admin_server = WSGIServer(listen_socket(config.admin), make_admin_app(self), log=None,
+                                           error_log=_PywsgiErrors())
+            self.admin_server.start()
+        self.prober.sync()
+        self._greenlets = [
+            gevent.spawn(self._tick_forever),
+            gevent.spawn(self.watcher.run),
+        ]
+        interval = self.notifier.watchdog_interval()
+        if interval:
+            self._greenlets.append(gevent.spawn(run_watchdog, self.notifier, lambda: not self._stopped.is_set()))
+        gevent.signal_handler(signal.SIGHUP, self._on_sighup)
+        gevent.signal_handler(signal.SIGTERM, self._on_stop_signal)
+        gevent.signal_handler(signal.SIGINT, self._on_stop_signal)
+        self.ready = True
+        log.info("activator %s listening on %s (admin %s), %d services, config %s",
+                 __version__, config.listen, config.admin or "off", len(config.services), self.path)
+        self.notifier.ready(self.summary())
+
+    def serve_forever(self) -> int:
+        self._stopped.wait()
+        return 0
+
+    def summary(self) -> str:
+        services = self.topology.services.values()
+        healthy = sum(1 for s in services for t in s.trackers.values() if t.state.value == "healthy")
+        pods = sum(len(s.trackers) for s in services)
+        return (f"{len(self.topology.services)} services, {healthy}/{pods} pods healthy, "
+                f"{sum(s.in_flight for s in services)} in flight, {sum(s.queued for s in services)} queued")
+
+    def _tick_forever(self) -> None:
+        while True:
+            gevent.sleep(TICK_SECONDS)
+            self.topology.tick(time.monotonic())
+            self._close_unused_pools()
+            self.prober.sync()
+
+    # -- reload -----------------------------------------------------------------
+
+    def reload(self, reason: str) -> None:
+        """Re-read the file; apply it if valid, else keep serving the old one."""
+        self.notifier.reloading()
+        try:
+            new = gevent.get_hub().threadpool.apply(load_config, (self.path,))
+        except ConfigError as error:
+            self.last_error = str(error)
+            self.observer.reload(False)
+            log.error("config reload (%s) failed, keeping the running config: %s", reason, error)
+            self.notifier.ready(f"reload failed: {error}")
+            return
+        diff = diff_configs(self.config, new)
+        # From here to the end: no yielding, so requests see the old or the new state.
+        self.config = new
+        self.topology.apply(new, time.monotonic())
+        self.observer.access_log = new.access_log
+        self.loaded_at = time.time()
+        self.last_error = None
+        self.observer.reload(True)
+        self.prober.sync()
+        if diff.is_empty():
+            log.info("config reload (%s): no change", reason)
+        else:
+            log.info("config reload (%s) applied:\n%s", reason, diff.describe())
+        self.notifier.ready(self.summary())
+
+    def _on_sighup(self) -> None:
+        gevent.spawn(self.reload, "SIGHUP")
+
+    # -- stop -------------------------------------------------------------------
+
+    def _on_stop_signal(self) -> None:
+        if self.stopping:
+            log.warning("second stop signal: exiting now")
+            os._exit(0)
+        gevent.spawn(self.stop)
+
+    def stop(self) -> None:
+        """Graceful stop: refuse new work, let queued and in-flight requests finish."""
+        self.stopping = True
+        self.ready = False
+        self.proxy.stopping = True
+        grace = self.config.grace_period
+        log.info("stopping: %d requests in the proxy, grace period %ss", self.proxy.active, grace)
+        self.notifier.stopping(f"draining {self.proxy.active} requests")
+        if self.server is not None:
+            self.server.close()
+        deadline = time.monotonic() + grace
+        while self.proxy.active > 0 and time.monotonic() < deadline:
+            gevent.sleep(0.05)
+        if self.proxy.active:
+            log.warning("grace period over with %d requests unfinished", self.proxy.active)
+        if self.server is not None:
+            self.server.stop(timeout=1)
+        if self.admin_server is not None:
+            self.admin_server.stop(timeout=1)
+        for greenlet in self._greenlets:
+            greenlet.kill(block=False)
+        self.prober.stop()
+        log.info("stopped")
+        self._stopped.set()
+
+    # -- status -----------------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        config = self.config
+        peers = config.activators
+        now = time.monotonic()
+        return {
+            "version": __version__,
+            "ready": self.ready and not self.stopping,
+            "stopping": self.stopping,
+            "uptime_seconds": round(now - self.started, 3),
+            "worker": {"index": self.topology.worker[0], "count": self.topology.worker[1]},
+            "activator": {
+                "self": peers.self_name if peers else None,
+                "peers": {name: str(addr) for name, addr in sorted(peers.peers.items())} if peers else {},
+            },
+            "config": {
+                "path": self.path,
+                "loaded_at": _iso(self.loaded_at),
+                "last_error": self.last_error,
+            },
+            "services": self.topology.snapshot(now),
+        }
+
+
+class _PywsgiErrors:
+    """pywsgi's error log, routed to our logger at DEBUG (client resets are not news)."""
+
+    def write(self, text: str) -> None:
+        text = text.strip()
+        if text:
+            log.debug("pywsgi: %s", text)
+
+    def flush(self) -> None:
+        pass
+
+
+def _iso(timestamp: float) -> str:
+    return datetime.datetime.fromtimestamp(timestamp, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def setup_logging() -> None:
+    logging.basicConfig(stream=sys.stderr, level=os.environ.get("ACTIVATOR_LOG_LEVEL", "INFO").upper(),
+                        format="%(asctime)s %(levelname)s %(message)s")
+
+
+def run(config_path: str) -> int:
+    """``activator run``: serve until stopped. Returns the exit code."""
+    setup_logging()
+    try:
+        config = load_config(config_path)
+    except ConfigError as error:
+        print(f"activator: {error}", file=sys.stderr)
+        return 2
+    runtime = Runtime(config)
+    try:
+        runtime.start()
+    except OSError as error:
+        log.error("cannot listen: %s", error)
+        return 1
+    return runtime.serve_forever()

@@ -1,0 +1,112 @@
+"""Shared pytest setup: import paths, the ``slow`` marker, and process fixtures.
+
+Rules: nothing here imports or patches gevent (e2e tests use plain threads; gevent-based
+race tests patch themselves), and nothing imports ``harness`` at module level, so that
+``http.client``/``ssl`` are not imported before such a module's ``monkey.patch_all()``.
+Every fixture that starts a process kills it at teardown, whatever the test's outcome;
+when a test failed, the activators' output tails are printed into the report.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+TESTS_DIR = Path(__file__).resolve().parent
+REPO_ROOT = TESTS_DIR.parent
+for _p in (str(REPO_ROOT), str(TESTS_DIR)):
+    if _p not in sys.path:
+        sys.path.insert(0, _p)
+
+if TYPE_CHECKING:
+    from harness import Activator, NotifySocket, Pod, StatsdReceiver
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "slow: takes more than a few seconds (deselect with -m 'not slow')")
+    config.addinivalue_line("markers", "binary: runs the activator CLI (honours ACTIVATOR_BIN)")
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[Any]:
+    # Keep each phase's report on the item so fixtures can tell if the test failed.
+    rep = yield
+    setattr(item, f"rep_{rep.when}", rep)
+    return rep
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    harness = sys.modules.get("harness")
+    if harness is not None:
+        harness.kill_all()
+
+
+def _failed(request: pytest.FixtureRequest) -> bool:
+    rep = getattr(request.node, "rep_call", None) or getattr(request.node, "rep_setup", None)
+    return bool(rep is not None and rep.failed)
+
+
+@pytest.fixture
+def pod_factory() -> Iterator[Callable[..., list[Pod]]]:
+    """``pod_factory(n=1, fail_health=False) -> list[Pod]``: pods started in parallel,
+    all killed at teardown."""
+    import harness
+
+    pods: list[Pod] = []
+
+    def make(n: int = 1, *, fail_health: bool = False) -> list[Pod]:
+        new = harness.start_pods(n, fail_health=fail_health)
+        pods.extend(new)
+        return new
+
+    yield make
+    for pod in pods:
+        pod.close()
+
+
+@pytest.fixture
+def activator_factory(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> Iterator[Callable[..., Activator]]:
+    """``activator_factory(config, **Activator kwargs) -> Activator`` (started and ready
+    unless told otherwise), its work dir under ``tmp_path``; all killed at teardown."""
+    import harness
+
+    made: list[Activator] = []
+
+    def make(config: harness.Config, **kwargs: Any) -> Activator:
+        kwargs.setdefault("workdir", tmp_path / f"activator{len(made)}")
+        act = harness.Activator(config, start=False, **{k: v for k, v in kwargs.items() if k != "start"})
+        made.append(act)
+        if kwargs.get("start", True):
+            act.start(wait_ready=kwargs.get("wait_ready", True))
+        return act
+
+    yield make
+    failed = _failed(request)
+    for act in made:
+        if failed:
+            print(f"\n=== activator {act.command()} in {act.dir}\n{act.output_tail()}")
+        act.close()
+
+
+@pytest.fixture
+def statsd_receiver() -> Iterator[StatsdReceiver]:
+    """A UDP socket on 127.0.0.1 collecting StatsD lines; ``.address`` for the config."""
+    import harness
+
+    with harness.StatsdReceiver() as receiver:
+        yield receiver
+
+
+@pytest.fixture
+def notify_socket() -> Iterator[NotifySocket]:
+    """An AF_UNIX datagram socket collecting sd_notify messages; ``.env()`` for the child."""
+    import harness
+
+    with harness.NotifySocket() as sock:
+        yield sock

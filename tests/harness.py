@@ -1,0 +1,1238 @@
+"""Helpers for end-to-end tests: real processes, real sockets, all on 127.0.0.1.
+
+What this module decides, and its rules:
+
+- Every process is started through :func:`spawn`: in its own session (so a whole process
+  group, workers included, can be killed), registered for a kill at interpreter exit,
+  and, when started from the main thread on Linux, with a parent-death signal so that
+  even a SIGKILLed pytest leaves no orphan behind. ``Pod`` and ``Activator`` are context
+  managers that always kill what they started.
+- The activator under test is ``[sys.executable, "-m", "activator"]`` unless the
+  environment variable ``ACTIVATOR_BIN`` names a built executable; then the same tests
+  run against it (``[ACTIVATOR_BIN, "run", "-c", PATH]``).
+- Asynchronous effects are waited for by polling a condition with a generous timeout
+  (:meth:`Activator.wait_for`, :func:`wait_until`, the receivers' ``wait_for``), never
+  by sleeping a fixed time, and no test asserts on elapsed time: these machines are
+  noisy.
+- HTTP clients use the stdlib ``http.client`` (blocking; use threads for concurrency,
+  e.g. :func:`concurrent_requests`). Nothing here imports or patches gevent.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import http.client
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Literal, NamedTuple, TypeVar, overload
+from urllib.parse import urlsplit
+
+import yaml
+
+TESTS_DIR = Path(__file__).resolve().parent
+REPO_ROOT = TESTS_DIR.parent
+BACKEND = TESTS_DIR / "backend.py"
+LOCALHOST = "127.0.0.1"
+
+#: Default for HTTP client timeouts, and for waits on asynchronous effects.
+DEFAULT_TIMEOUT = 30.0
+
+T = TypeVar("T")
+Config = Mapping[str, Any] | str
+
+
+class HarnessError(AssertionError):
+    """A process or condition the test relies on did not come about (shown as a failure)."""
+
+
+# --------------------------------------------------------------------------------------
+# ports and polling
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    return free_ports(1)[0]
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct free ports (all held open together while they are picked)."""
+    socks: list[socket.socket] = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind((LOCALHOST, 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def wait_until(
+    predicate: Callable[[], T],
+    timeout: float = DEFAULT_TIMEOUT,
+    interval: float = 0.05,
+    message: str | Callable[[], str] = "",
+) -> T:
+    """Poll ``predicate`` until it returns a truthy value, and return that value.
+
+    Exceptions raised by the predicate count as "not yet" (the last one is reported),
+    except :class:`HarnessError`, which stops the wait at once. Raises :class:`HarnessError` after ``timeout`` seconds.
+    """
+    deadline = time.monotonic() + timeout
+    last_exc: BaseException | None = None
+    while True:
+        try:
+            value = predicate()
+            if value:
+                return value
+        except HarnessError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - "not yet"
+            last_exc = exc
+        if time.monotonic() >= deadline:
+            text = message() if callable(message) else message
+            detail = f"; last error: {last_exc!r}" if last_exc is not None else ""
+            raise HarnessError(f"condition not met within {timeout}s: {text}{detail}")
+        time.sleep(interval)
+
+
+# --------------------------------------------------------------------------------------
+# processes
+
+_live: set[subprocess.Popen[bytes]] = set()
+_live_lock = threading.Lock()
+
+# Exec'd in front of a child: ask for SIGKILL when the parent (thread) dies, then become
+# the real command (same pid). The ppid check closes the race where the parent died first.
+_LAUNCHER = """\
+import ctypes, os, signal, sys
+try:
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+except Exception:
+    pass
+if os.getppid() != int(sys.argv[1]):
+    sys.exit(1)
+os.execvp(sys.argv[2], sys.argv[2:])
+"""
+
+
+def spawn(
+    argv: Sequence[str],
+    *,
+    stdout: Any = subprocess.DEVNULL,
+    stderr: Any = subprocess.DEVNULL,
+    env: Mapping[str, str] | None = None,
+    cwd: str | os.PathLike[str] | None = None,
+) -> subprocess.Popen[bytes]:
+    """Start ``argv`` in a new session, tracked for cleanup (see module rules)."""
+    cmd = list(argv)
+    if sys.platform.startswith("linux") and threading.current_thread() is threading.main_thread():
+        # PR_SET_PDEATHSIG fires when the *thread* that forked exits: only the main
+        # thread lives as long as the test process.
+        cmd = [sys.executable, "-c", _LAUNCHER, str(os.getpid()), *cmd]
+    proc = subprocess.Popen(
+        cmd,
+        stdin=subprocess.DEVNULL,
+        stdout=stdout,
+        stderr=stderr,
+        env=dict(env) if env is not None else None,
+        cwd=cwd,
+        start_new_session=True,
+    )
+    with _live_lock:
+        _live.add(proc)
+    return proc
+
+
+def kill_tree(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> int | None:
+    """SIGKILL the process and its process group (its workers); reap it."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError):
+        proc.kill()
+    try:
+        code = proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        code = None
+    with _live_lock:
+        _live.discard(proc)
+    return code
+
+
+def _forget(proc: subprocess.Popen[bytes]) -> None:
+    """After a clean exit: kill leftovers of its group, stop tracking it."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    with _live_lock:
+        _live.discard(proc)
+
+
+def kill_all() -> None:
+    """Kill every process this module started that is still tracked."""
+    with _live_lock:
+        procs = list(_live)
+    for proc in procs:
+        kill_tree(proc, timeout=5.0)
+
+
+atexit.register(kill_all)
+
+
+def activator_command() -> list[str]:
+    """The activator CLI: ``$ACTIVATOR_BIN`` if set, else ``python -m activator``."""
+    binary = os.environ.get("ACTIVATOR_BIN")
+    if binary:
+        return [binary]
+    return [sys.executable, "-m", "activator"]
+
+
+def _child_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    for name in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "ACTIVATOR_CONFIG"):
+        env.pop(name, None)
+    env["PYTHONUNBUFFERED"] = "1"
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p
+    )
+    env.update(extra or {})
+    return env
+
+
+def run_cli(
+    args: Sequence[str],
+    *,
+    timeout: float = DEFAULT_TIMEOUT,
+    env: Mapping[str, str] | None = None,
+    cwd: str | os.PathLike[str] | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """Run the activator CLI to completion (``check``, ``--version``...); text output."""
+    return subprocess.run(
+        [*activator_command(), *args],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=_child_env(env),
+        cwd=cwd,
+        check=False,
+    )
+
+
+# --------------------------------------------------------------------------------------
+# HTTP client
+
+
+class Headers(Mapping[str, str]):
+    """Case-insensitive, read-only response headers; repeated names joined with ", "."""
+
+    def __init__(self, items: Iterable[tuple[str, str]]) -> None:
+        self._items = list(items)
+        self._map: dict[str, str] = {}
+        for name, value in self._items:
+            key = name.lower()
+            self._map[key] = f"{self._map[key]}, {value}" if key in self._map else value
+
+    def __getitem__(self, name: str) -> str:
+        return self._map[name.lower()]
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and name.lower() in self._map
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._map)
+
+    def __len__(self) -> int:
+        return len(self._map)
+
+    def get_all(self, name: str) -> list[str]:
+        """Every value of a repeated header, in order."""
+        return [v for n, v in self._items if n.lower() == name.lower()]
+
+    def raw(self) -> list[tuple[str, str]]:
+        return list(self._items)
+
+    def __repr__(self) -> str:
+        return f"Headers({self._items!r})"
+
+
+@dataclass(frozen=True)
+class Response:
+    status: int
+    headers: Headers
+    body: bytes
+    reason: str = ""
+
+    @property
+    def text(self) -> str:
+        return self.body.decode("utf-8", "replace")
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+def _split_target(target: str, path: str | None) -> tuple[str, int, str]:
+    """``http://h:p/x?y`` or ``h:p`` -> (host, port, path)."""
+    if "://" not in target:
+        target = "http://" + target
+    parts = urlsplit(target)
+    host = parts.hostname or LOCALHOST
+    port = parts.port or 80
+    if path is None:
+        path = parts.path or "/"
+        if parts.query:
+            path += "?" + parts.query
+    return host, port, path
+
+
+def _headers(headers: Mapping[str, str] | None, host: str | None) -> dict[str, str]:
+    out = dict(headers or {})
+    if host is not None:
+        out["Host"] = host
+    return out
+
+
+def start_request(
+    target: str,
+    method: str = "GET",
+    path: str | None = None,
+    headers: Mapping[str, str] | None = None,
+    body: bytes | str | Iterable[bytes] | None = None,
+    timeout: float = DEFAULT_TIMEOUT,
+    *,
+    host: str | None = None,
+) -> http.client.HTTPConnection:
+    """Send a request and return the connection without reading the response.
+
+    The caller owns the connection: ``conn.getresponse()`` to read, ``conn.close()`` to
+    go away mid-request. A body that is an iterable of bytes is sent chunked unless a
+    Content-Length header is given. ``host`` is a shortcut for the Host header.
+    """
+    h, port, p = _split_target(target, path)
+    conn = http.client.HTTPConnection(h, port, timeout=timeout)
+    try:
+        conn.request(method, p, body=body, headers=_headers(headers, host))
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def request(
+    target: str,
+    method: str = "GET",
+    path: str | None = None,
+    headers: Mapping[str, str] | None = None,
+    body: bytes | str | Iterable[bytes] | None = None,
+    timeout: float = DEFAULT_TIMEOUT,
+    *,
+    host: str | None = None,
+) -> Response:
+    """One request on a fresh connection; reads the whole response.
+
+    ``target`` is a URL (its path used when ``path`` is None) or ``host:port``.
+    Headers given explicitly (including Host) are sent as given.
+    """
+    conn = start_request(target, method, path, headers, body, timeout, host=host)
+    try:
+        resp = conn.getresponse()
+        data = resp.read()
+        return Response(resp.status, Headers(resp.getheaders()), data, resp.reason)
+    finally:
+        conn.close()
+
+
+@contextlib.contextmanager
+def stream(
+    target: str,
+    method: str = "GET",
+    path: str | None = None,
+    headers: Mapping[str, str] | None = None,
+    body: bytes | str | Iterable[bytes] | None = None,
+    timeout: float = DEFAULT_TIMEOUT,
+    *,
+    host: str | None = None,
+) -> Iterator[http.client.HTTPResponse]:
+    """Send a request, yield the response once its head arrived; read it piecemeal
+    (``resp.read1()``, ``resp.readline()``). Leaving the block closes the connection,
+    which is how a test makes the client go away mid-response."""
+    conn = start_request(target, method, path, headers, body, timeout, host=host)
+    try:
+        yield conn.getresponse()
+    finally:
+        conn.close()
+
+
+def send_raw(target: str, data: bytes, timeout: float = DEFAULT_TIMEOUT) -> socket.socket:
+    """Open a TCP connection, send ``data`` as is, return the socket (caller closes)."""
+    h, port, _ = _split_target(target, "/")
+    sock = socket.create_connection((h, port), timeout=timeout)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    if data:
+        sock.sendall(data)
+    return sock
+
+
+def read_all(sock: socket.socket) -> bytes:
+    """Read until the peer closes (or the socket's timeout, which raises)."""
+    chunks = []
+    while True:
+        chunk = sock.recv(65536)
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
+
+
+class Client:
+    """A keep-alive client: every request reuses one connection (reconnects if closed)."""
+
+    def __init__(self, target: str, timeout: float = DEFAULT_TIMEOUT, *, host: str | None = None):
+        self._host, self._port, _ = _split_target(target, "/")
+        self._timeout = timeout
+        self._host_header = host
+        self.conn = http.client.HTTPConnection(self._host, self._port, timeout=timeout)
+
+    def request(
+        self,
+        method: str = "GET",
+        path: str = "/",
+        headers: Mapping[str, str] | None = None,
+        body: bytes | str | Iterable[bytes] | None = None,
+    ) -> Response:
+        self.conn.request(method, path, body=body, headers=_headers(headers, self._host_header))
+        resp = self.conn.getresponse()
+        data = resp.read()
+        return Response(resp.status, Headers(resp.getheaders()), data, resp.reason)
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+@overload
+def concurrent_requests(
+    n: int,
+    fn: Callable[[int], T],
+    *,
+    timeout: float | None = None,
+    return_exceptions: Literal[False] = False,
+) -> list[T]: ...
+
+
+@overload
+def concurrent_requests(
+    n: int,
+    fn: Callable[[int], T],
+    *,
+    timeout: float | None = None,
+    return_exceptions: Literal[True],
+) -> list[T | BaseException]: ...
+
+
+def concurrent_requests(
+    n: int,
+    fn: Callable[[int], T],
+    *,
+    timeout: float | None = None,
+    return_exceptions: bool = False,
+) -> list[T] | list[T | BaseException]:
+    """Run ``fn(0) .. fn(n-1)`` on ``n`` threads released together; results in order.
+
+    The first exception (in call order) is re-raised unless ``return_exceptions``; then
+    exceptions take their call's place in the list. ``timeout`` bounds the wait for each
+    result (None: the functions' own client timeouts bound it).
+    """
+    if n <= 0:
+        return []
+    barrier = threading.Barrier(n)
+
+    def run(i: int) -> T:
+        with contextlib.suppress(threading.BrokenBarrierError):
+            barrier.wait(timeout=DEFAULT_TIMEOUT)
+        return fn(i)
+
+    with ThreadPoolExecutor(max_workers=n, thread_name_prefix="client") as pool:
+        futures = [pool.submit(run, i) for i in range(n)]
+        results: list[T | BaseException] = []
+        for fut in futures:
+            exc = fut.exception(timeout=timeout)
+            if exc is not None:
+                if not return_exceptions:
+                    raise exc
+                results.append(exc)
+            else:
+                results.append(fut.result())
+        return results
+
+
+def download_pattern(size: int) -> bytes:
+    """What the backend's ``/download?bytes=size`` sends: byte i is ``i % 251``."""
+    block = bytes(range(251))
+    return (block * (size // 251 + 1))[:size]
+
+
+# --------------------------------------------------------------------------------------
+# pods
+
+
+class Pod:
+    """``tests/backend.py`` as a subprocess on 127.0.0.1.
+
+    ``port=None`` lets the backend pick a free port itself (no race); ``restart()`` comes
+    back on the same port. Logs go to files in a temp dir (``log_text()``).
+    """
+
+    def __init__(
+        self,
+        port: int | None = None,
+        *,
+        fail_health: bool = False,
+        start: bool = True,
+        ready_timeout: float = 15.0,
+    ) -> None:
+        self.port: int | None = port
+        self.fail_health = fail_health
+        self.ready_timeout = ready_timeout
+        self.dir = Path(tempfile.mkdtemp(prefix="pod-"))
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._runs = 0
+        if start:
+            self.start()
+
+    # lifecycle
+
+    def launch(self) -> None:
+        """Start the process without waiting for READY (see :meth:`wait_ready`)."""
+        if self.proc is not None and self.proc.poll() is None:
+            raise HarnessError(f"pod {self.address} already running")
+        self._runs += 1
+        self._out = self.dir / f"stdout.{self._runs}"
+        err = self.dir / f"stderr.{self._runs}"
+        argv = [sys.executable, str(BACKEND), "--host", LOCALHOST, "--port", str(self.port or 0)]
+        if self.fail_health:
+            argv.append("--fail-health")
+        with open(self._out, "wb") as out, open(err, "wb") as errf:
+            self.proc = spawn(argv, stdout=out, stderr=errf, env=_child_env())
+
+    def wait_ready(self) -> None:
+        """Wait for ``READY <port>``; raises if the process exits first."""
+        proc = self.proc
+        assert proc is not None
+
+        def ready() -> bool:
+            for line in self._out.read_text(errors="replace").splitlines():
+                if line.startswith("READY "):
+                    self.port = int(line.split()[1])
+                    return True
+            if proc.poll() is not None:
+                raise _Exited(proc.returncode)
+            return False
+
+        deadline = time.monotonic() + self.ready_timeout
+        while not ready():
+            if time.monotonic() > deadline:
+                kill_tree(proc)
+                raise HarnessError(f"pod did not become ready:\n{self.log_text()}")
+            time.sleep(0.01)
+
+    def start(self) -> Pod:
+        """Launch and wait for READY. On a fixed port, retries while the port is busy
+        (an outgoing connection may hold it for a moment after a stop)."""
+        deadline = time.monotonic() + self.ready_timeout
+        while True:
+            self.launch()
+            try:
+                self.wait_ready()
+                return self
+            except _Exited as exc:
+                if self.port and time.monotonic() < deadline:
+                    time.sleep(0.1)
+                    continue
+                raise HarnessError(
+                    f"pod exited with {exc.code} before READY:\n{self.log_text()}"
+                ) from None
+
+    def stop(self, timeout: float = 10.0) -> int | None:
+        """SIGTERM and wait (SIGKILL if it lingers). The port then refuses connections."""
+        proc = self.proc
+        if proc is None:
+            return None
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.terminate()
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                return kill_tree(proc)
+        _forget(proc)
+        return proc.returncode
+
+    def kill(self) -> int | None:
+        """SIGKILL: connections in flight are reset by the kernel."""
+        if self.proc is None:
+            return None
+        return kill_tree(self.proc)
+
+    def restart(self) -> Pod:
+        """Stop, then start again on the same port (its stats start from zero)."""
+        self.stop()
+        return self.start()
+
+    def is_running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def close(self) -> None:
+        """Kill the process and remove the temp dir."""
+        self.kill()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def __enter__(self) -> Pod:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # addresses and control
+
+    @property
+    def address(self) -> str:
+        """``127.0.0.1:PORT``, as it is written in the activator's config."""
+        if self.port is None:
+            raise HarnessError("pod has no port yet")
+        return f"{LOCALHOST}:{self.port}"
+
+    @property
+    def metric_name(self) -> str:
+        """The ``{pod}`` part of StatsD names: the address with ``.`` and ``:`` -> ``_``."""
+        return self.address.replace(".", "_").replace(":", "_")
+
+    def url(self, path: str = "/") -> str:
+        return f"http://{self.address}{path}"
+
+    def _control(self, method: str, path: str) -> Any:
+        resp = request(self.address, method, path, timeout=10.0)
+        if resp.status != 200:
+            raise HarnessError(f"pod {self.address} {method} {path}: {resp.status} {resp.text}")
+        return resp.json()
+
+    def stats(self) -> dict[str, Any]:
+        """``{"in_flight", "peak", "count", "paths", "request_ids", "healthy"}``."""
+        result: dict[str, Any] = self._control("GET", "/_stats")
+        return result
+
+    def reset(self) -> None:
+        """Zero count, paths and request ids; the peak restarts from what is in flight."""
+        self._control("POST", "/_reset")
+
+    def set_health(self, ok: bool) -> None:
+        """``/healthz`` answers 200 (ok) or 503."""
+        self._control("POST", f"/_health?ok={int(ok)}")
+
+    def set_health_hang(self, hang: bool) -> None:
+        """``/healthz`` accepts and never answers (probe timeout), or answers again."""
+        self._control("POST", f"/_health?hang={int(hang)}")
+
+    def log_text(self) -> str:
+        parts = []
+        for f in sorted(self.dir.glob("std*")):
+            parts.append(f"--- {f.name}\n{f.read_text(errors='replace')}")
+        return "\n".join(parts)
+
+    def __repr__(self) -> str:
+        return f"Pod({self.port})"
+
+
+class _Exited(Exception):
+    def __init__(self, code: int | None) -> None:
+        super().__init__(code)
+        self.code = code
+
+
+def start_pods(n: int, *, fail_health: bool = False) -> list[Pod]:
+    """Start ``n`` pods in parallel (launch all, then wait for each)."""
+    pods = [Pod(fail_health=fail_health, start=False) for _ in range(n)]
+    try:
+        for pod in pods:
+            pod.launch()
+        for pod in pods:
+            pod.wait_ready()
+    except BaseException:
+        for pod in pods:
+            pod.close()
+        raise
+    return pods
+
+
+# --------------------------------------------------------------------------------------
+# the activator under test
+
+
+def _parse_yaml(text: str) -> Any:
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return None
+
+
+def render_config(config: Config, defaults: Mapping[str, Any]) -> str:
+    """YAML text for ``config``, with top-level ``defaults`` added where missing.
+
+    A string is kept byte for byte (line numbers matter to error tests); missing keys are
+    appended at its end. Text that is not a YAML mapping is written unchanged.
+    """
+    if isinstance(config, str):
+        parsed = _parse_yaml(config)
+        if not isinstance(parsed, dict):
+            return config
+        missing = {k: v for k, v in defaults.items() if k not in parsed}
+        if not missing:
+            return config
+        sep = "" if config.endswith("\n") or not config else "\n"
+        return config + sep + yaml.safe_dump(missing, default_flow_style=False, sort_keys=False)
+    data = dict(config)
+    for k, v in defaults.items():
+        data.setdefault(k, v)
+    return yaml.safe_dump(data, default_flow_style=False, sort_keys=False)
+
+
+def find_pod(status: Mapping[str, Any], service: str, address: str) -> dict[str, Any] | None:
+    """The pod entry of ``/status`` for ``address`` in ``service``, or None."""
+    svc = status.get("services", {}).get(service)
+    if not svc:
+        return None
+    for pod in svc.get("pods", []):
+        if pod.get("address") == address:
+            result: dict[str, Any] = pod
+            return result
+    return None
+
+
+def pod_state(status: Mapping[str, Any], service: str, address: str) -> str | None:
+    """The state of a pod in ``/status`` (None when it is not listed)."""
+    pod = find_pod(status, service, address)
+    return None if pod is None else pod.get("state")
+
+
+class Activator:
+    """``activator run -c PATH`` as a subprocess, with its config in a work dir.
+
+    ``config`` is a dict or YAML text; ``listen`` and ``admin`` default to free ports on
+    127.0.0.1 (pass ``admin: None`` to disable the admin API: readiness is then the proxy
+    port accepting connections). With ``use_symlink=True`` the config path is a symlink
+    and :meth:`swap_symlink` changes its target atomically.
+    """
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        workdir: str | os.PathLike[str] | None = None,
+        env: Mapping[str, str] | None = None,
+        extra_args: Sequence[str] = (),
+        start: bool = True,
+        wait_ready: bool = True,
+        ready_timeout: float = 20.0,
+        use_symlink: bool = False,
+        filename: str = "activator.yaml",
+    ) -> None:
+        self._own_dir = workdir is None
+        self.dir = Path(workdir) if workdir is not None else Path(tempfile.mkdtemp(prefix="activator-"))
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.config_path = self.dir / filename
+        self.env = dict(env or {})
+        self.extra_args = list(extra_args)
+        self.ready_timeout = ready_timeout
+        self.use_symlink = use_symlink
+        self._versions = 0
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.stdout_path = self.dir / "stdout.log"
+        self.stderr_path = self.dir / "stderr.log"
+
+        listen_port, admin_port = free_ports(2)
+        self._defaults: dict[str, Any] = {
+            "listen": f"{LOCALHOST}:{listen_port}",
+            "admin": f"{LOCALHOST}:{admin_port}",
+        }
+        text = render_config(config, self._defaults)
+        parsed = _parse_yaml(text)
+        if isinstance(parsed, dict):
+            # What was actually written wins (a test may give its own listen/admin).
+            self._defaults = {"listen": parsed.get("listen"), "admin": parsed.get("admin")}
+        if use_symlink:
+            self.swap_symlink(text)
+        else:
+            self.config_path.write_text(text)
+        if start:
+            try:
+                self.start(wait_ready=wait_ready)
+            except BaseException:
+                self.close()  # the error already carries the output tail
+                raise
+
+    # addresses
+
+    @property
+    def listen(self) -> str:
+        """The proxy's ``host:port``."""
+        return str(self._defaults["listen"])
+
+    @property
+    def admin(self) -> str | None:
+        """The admin API's ``host:port`` (None when disabled)."""
+        admin = self._defaults["admin"]
+        return None if admin is None else str(admin)
+
+    def url(self, path: str = "/") -> str:
+        return f"http://{self.listen}{path}"
+
+    def admin_url(self, path: str = "/") -> str:
+        if self.admin is None:
+            raise HarnessError("admin API is disabled in this config")
+        return f"http://{self.admin}{path}"
+
+    # lifecycle
+
+    def command(self) -> list[str]:
+        return [*activator_command(), "run", "-c", str(self.config_path), *self.extra_args]
+
+    def start(self, wait_ready: bool = True) -> Activator:
+        if self.proc is not None and self.proc.poll() is None:
+            raise HarnessError("activator already running")
+        with open(self.stdout_path, "ab") as out, open(self.stderr_path, "ab") as err:
+            self.proc = spawn(
+                self.command(), stdout=out, stderr=err, env=_child_env(self.env), cwd=self.dir
+            )
+        if wait_ready:
+            self.wait_ready()
+        return self
+
+    @property
+    def pid(self) -> int:
+        if self.proc is None:
+            raise HarnessError("activator not started")
+        return self.proc.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return None if self.proc is None else self.proc.poll()
+
+    def is_running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def is_ready(self) -> bool:
+        """``/readyz`` is 200 (or, with no admin API, the proxy port accepts)."""
+        try:
+            if self.admin is None:
+                with socket.create_connection(_host_port(self.listen), timeout=1.0):
+                    return True
+            return request(self.admin, "GET", "/readyz", timeout=2.0).status == 200
+        except OSError:
+            return False
+
+    def wait_ready(self, timeout: float | None = None) -> None:
+        """Wait for readiness; fail with the captured stderr if it exits or times out."""
+        timeout = self.ready_timeout if timeout is None else timeout
+        deadline = time.monotonic() + timeout
+        while not self.is_ready():
+            if not self.is_running():
+                raise HarnessError(
+                    f"activator exited with {self.returncode} before ready\n{self.output_tail()}"
+                )
+            if time.monotonic() > deadline:
+                self.kill()
+                raise HarnessError(f"activator not ready within {timeout}s\n{self.output_tail()}")
+            time.sleep(0.05)
+
+    def signal(self, sig: int) -> None:
+        """Send ``sig`` to the activator's main process."""
+        os.kill(self.pid, sig)
+
+    def reload(self) -> None:
+        """SIGHUP: force a re-read of the config file."""
+        self.signal(signal.SIGHUP)
+
+    def wait(self, timeout: float = DEFAULT_TIMEOUT) -> int:
+        """Wait for the process to exit by itself; its exit code."""
+        assert self.proc is not None
+        try:
+            code = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise HarnessError(
+                f"activator still running after {timeout}s\n{self.output_tail()}"
+            ) from None
+        _forget(self.proc)
+        return code
+
+    def stop(self, timeout: float = 60.0) -> int:
+        """SIGTERM, wait for the exit (grace period included); its exit code.
+
+        If it is still running after ``timeout`` it is killed and this fails."""
+        if self.proc is None:
+            raise HarnessError("activator not started")
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.wait(timeout)
+        except HarnessError:
+            self.kill()
+            raise
+
+    def kill(self) -> None:
+        """SIGKILL the activator and its whole process group."""
+        if self.proc is not None:
+            kill_tree(self.proc)
+
+    def close(self) -> None:
+        self.kill()
+        if self._own_dir:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    def __enter__(self) -> Activator:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # admin API
+
+    def admin_get(self, path: str, timeout: float = 10.0) -> Response:
+        if self.admin is None:
+            raise HarnessError("admin API is disabled in this config")
+        return request(self.admin, "GET", path, timeout=timeout)
+
+    def status(self) -> dict[str, Any]:
+        """``GET /status`` as JSON."""
+        resp = self.admin_get("/status")
+        if resp.status != 200:
+            raise HarnessError(f"/status answered {resp.status}: {resp.text}")
+        result: dict[str, Any] = resp.json()
+        return result
+
+    def wait_for(
+        self,
+        predicate: Callable[[dict[str, Any]], Any],
+        timeout: float = DEFAULT_TIMEOUT,
+        message: str = "",
+    ) -> dict[str, Any]:
+        """Poll ``/status`` every 50 ms until ``predicate(status)`` is truthy; return
+        that status. Exceptions in the predicate (a service not there yet) mean "not yet".
+        On timeout, fails showing the last status and the activator's output."""
+        last: list[dict[str, Any]] = []
+
+        def check() -> dict[str, Any] | None:
+            if not self.is_running():
+                raise HarnessError(
+                    f"activator exited with {self.returncode} while waiting: {message}\n"
+                    f"{self.output_tail()}"
+                )
+            st = self.status()
+            last[:] = [st]
+            return st if predicate(st) else None
+
+        def describe() -> str:
+            shown = json.dumps(last[0], indent=1) if last else "(no status)"
+            return f"{message}\nlast /status: {shown}\n{self.output_tail()}"
+
+        return wait_until(check, timeout=timeout, interval=0.05, message=describe)
+
+    def wait_pod_state(
+        self, service: str, address: str, state: str | None, timeout: float = DEFAULT_TIMEOUT
+    ) -> dict[str, Any]:
+        """Wait until the pod is in ``state`` (None: not listed any more)."""
+        return self.wait_for(
+            lambda st: pod_state(st, service, address) == state,
+            timeout,
+            message=f"pod {address} of {service} to be {state}",
+        )
+
+    # config edits
+
+    def _text(self, config: Config) -> str:
+        return render_config(config, self._defaults)
+
+    def rewrite_config(self, config: Config) -> None:
+        """Replace the file like an editor does: write a temp file, rename it over."""
+        if self.use_symlink:
+            self.swap_symlink(config)
+            return
+        tmp = self.config_path.with_name(f".{self.config_path.name}.tmp{os.getpid()}")
+        tmp.write_text(self._text(config))
+        os.replace(tmp, self.config_path)
+
+    def write_config_in_place(self, config: Config) -> None:
+        """Truncate and rewrite the same inode (like ``cat > file``)."""
+        with open(self.config_path, "w") as f:
+            f.write(self._text(config))
+
+    def swap_symlink(self, config: Config) -> None:
+        """Write a new versioned file and atomically point the config symlink at it."""
+        self._versions += 1
+        versions = self.dir / "versions"
+        versions.mkdir(exist_ok=True)
+        target = versions / f"v{self._versions}.yaml"
+        target.write_text(self._text(config))
+        tmp_link = self.config_path.with_name(f".{self.config_path.name}.link{os.getpid()}")
+        with contextlib.suppress(FileNotFoundError):
+            tmp_link.unlink()
+        os.symlink(target, tmp_link)
+        os.replace(tmp_link, self.config_path)
+
+    def read_config(self) -> str:
+        return self.config_path.read_text()
+
+    # output
+
+    def stdout_text(self) -> str:
+        return self.stdout_path.read_text(errors="replace") if self.stdout_path.exists() else ""
+
+    def stderr_text(self) -> str:
+        return self.stderr_path.read_text(errors="replace") if self.stderr_path.exists() else ""
+
+    def output_tail(self, chars: int = 4000) -> str:
+        return (
+            f"--- activator stderr (tail)\n{self.stderr_text()[-chars:]}\n"
+            f"--- activator stdout (tail)\n{self.stdout_text()[-chars:]}"
+        )
+
+
+def _host_port(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    return host or LOCALHOST, int(port)
+
+
+# --------------------------------------------------------------------------------------
+# receivers: StatsD and sd_notify
+
+
+class Metric(NamedTuple):
+    name: str
+    value: float
+    type: str
+
+
+class TaggedMetric(NamedTuple):
+    name: str
+    value: float
+    type: str
+    rate: float | None
+    tags: tuple[str, ...]
+
+
+def parse_statsd_line(line: str) -> TaggedMetric | None:
+    """``name:value|type[|@rate][|#tag,tag]`` -> TaggedMetric (None if malformed)."""
+    name, sep, rest = line.partition(":")
+    if not sep:
+        return None
+    fields = rest.split("|")
+    if len(fields) < 2:
+        return None
+    try:
+        value = float(fields[0])
+    except ValueError:
+        return None
+    rate: float | None = None
+    tags: tuple[str, ...] = ()
+    for extra in fields[2:]:
+        if extra.startswith("@"):
+            with contextlib.suppress(ValueError):
+                rate = float(extra[1:])
+        elif extra.startswith("#"):
+            tags = tuple(t for t in extra[1:].split(",") if t)
+    return TaggedMetric(name, value, fields[1], rate, tags)
+
+
+class _DatagramReceiver:
+    """A bound datagram socket read by a daemon thread into a list."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self._sock.settimeout(0.1)
+        self._datagrams: list[bytes] = []
+        self._cond = threading.Condition()
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name=type(self).__name__, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._closed:
+            try:
+                data = self._sock.recv(65536)
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            with self._cond:
+                self._datagrams.append(data)
+                self._cond.notify_all()
+
+    def datagrams(self) -> list[bytes]:
+        with self._cond:
+            return list(self._datagrams)
+
+    def clear(self) -> None:
+        with self._cond:
+            self._datagrams.clear()
+
+    def close(self) -> None:
+        self._closed = True
+        self._thread.join(2.0)
+        self._sock.close()
+
+
+class StatsdReceiver(_DatagramReceiver):
+    """A real UDP socket on 127.0.0.1; collects StatsD lines (datagrams split on \\n)."""
+
+    def __init__(self) -> None:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 * 1024 * 1024)
+        sock.bind((LOCALHOST, 0))
+        self.port: int = sock.getsockname()[1]
+        super().__init__(sock)
+
+    @property
+    def address(self) -> str:
+        """``127.0.0.1:PORT`` for the config's ``statsd.address``."""
+        return f"{LOCALHOST}:{self.port}"
+
+    def lines(self) -> list[str]:
+        out: list[str] = []
+        for data in self.datagrams():
+            out.extend(line for line in data.decode("utf-8", "replace").split("\n") if line)
+        return out
+
+    def tagged_metrics(self) -> list[TaggedMetric]:
+        return [m for m in map(parse_statsd_line, self.lines()) if m is not None]
+
+    def metrics(self) -> list[Metric]:
+        """Every line received, parsed as ``(name, value, type)``, in arrival order."""
+        return [Metric(m.name, m.value, m.type) for m in self.tagged_metrics()]
+
+    def values(self, name: str, type: str | None = None) -> list[float]:
+        return [m.value for m in self.metrics() if m.name == name and (type is None or m.type == type)]
+
+    def counter(self, name: str) -> float:
+        """Sum of all ``|c`` values received for ``name``."""
+        return sum(self.values(name, "c"))
+
+    def gauge(self, name: str) -> float | None:
+        """The last ``|g`` value received for ``name`` (None if never sent)."""
+        values = self.values(name, "g")
+        return values[-1] if values else None
+
+    def names(self) -> set[str]:
+        return {m.name for m in self.metrics()}
+
+    def wait_for(
+        self, predicate: Callable[[list[str]], Any], timeout: float = DEFAULT_TIMEOUT
+    ) -> list[str]:
+        """Poll until ``predicate(lines)`` is truthy; return those lines."""
+        last: list[list[str]] = [[]]
+
+        def check() -> list[str] | None:
+            lines = self.lines()
+            last[0] = lines
+            return lines if predicate(lines) else None
+
+        def describe() -> str:
+            return f"statsd lines so far ({len(last[0])}): {last[0][-50:]}"
+
+        return wait_until(check, timeout=timeout, message=describe)
+
+    def wait_for_metric(
+        self, name: str, type: str | None = None, timeout: float = DEFAULT_TIMEOUT
+    ) -> Metric:
+        """Wait until a line for ``name`` (and ``type``) arrived; return the last such."""
+
+        def found() -> Metric | None:
+            hits = [m for m in self.metrics() if m.name == name and (type is None or m.type == type)]
+            return hits[-1] if hits else None
+
+        return wait_until(
+            found, timeout=timeout, message=lambda: f"metric {name}; names seen: {sorted(self.names())}"
+        )
+
+    def __enter__(self) -> StatsdReceiver:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class NotifySocket(_DatagramReceiver):
+    """An AF_UNIX datagram socket collecting sd_notify messages (``READY=1`` ...).
+
+    Pass ``env()`` to the activator so it sees ``NOTIFY_SOCKET``.
+    """
+
+    def __init__(self) -> None:
+        self._dir = tempfile.mkdtemp(prefix="ntf")  # short: sun_path is ~108 bytes
+        self.path = os.path.join(self._dir, "notify")
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        sock.bind(self.path)
+        super().__init__(sock)
+
+    def env(self, watchdog_usec: int | None = None) -> dict[str, str]:
+        """Environment for the child: ``NOTIFY_SOCKET`` (and ``WATCHDOG_USEC``)."""
+        env = {"NOTIFY_SOCKET": self.path}
+        if watchdog_usec is not None:
+            env["WATCHDOG_USEC"] = str(watchdog_usec)
+        return env
+
+    def messages(self) -> list[str]:
+        """Each datagram as text (one may hold several ``KEY=VALUE`` lines)."""
+        return [d.decode("utf-8", "replace") for d in self.datagrams()]
+
+    def assignments(self) -> list[str]:
+        """Every ``KEY=VALUE`` line, across datagrams, in order."""
+        return [line for m in self.messages() for line in m.split("\n") if line]
+
+    def wait_for(self, text: str, timeout: float = DEFAULT_TIMEOUT) -> str:
+        """Wait until a datagram contains ``text``; return that datagram."""
+
+        def found() -> str | None:
+            return next((m for m in self.messages() if text in m), None)
+
+        return wait_until(
+            found, timeout=timeout, message=lambda: f"{text!r} in sd_notify messages {self.messages()}"
+        )
+
+    def close(self) -> None:
+        super().close()
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+    def __enter__(self) -> NotifySocket:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
