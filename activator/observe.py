@@ -52,6 +52,8 @@ class RequestRecord:
 
 
 class MetricsSink(Protocol):
+    def start(self) -> None: ...
+    def stop(self) -> None: ...
     def request_started(self, service: str) -> None: ...
     def request_done(self, record: RequestRecord) -> None: ...
     def transition(self, transition: Transition) -> None: ...
@@ -60,6 +62,12 @@ class MetricsSink(Protocol):
 
 class NoMetrics:
     """The sink when StatsD is not configured."""
+
+    def start(self) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
 
     def request_started(self, service: str) -> None:
         pass

@@ -89,8 +89,9 @@ class Runtime:
         self.ready = False
         self.stopping = False
         self.notifier = Notifier.from_env()
-        self.observer = Observer(access_log=config.access_log, metrics=make_metrics(config.statsd))
+        self.observer = Observer(access_log=config.access_log)
         self.topology = Topology(config, time.monotonic(), worker=worker, on_transition=self.observer.transition)
+        self.observer.metrics = make_metrics(config.statsd, self.topology)
         self._pools: dict[str, UpstreamPool] = {}
         self.proxy = Proxy(self.topology, self.observer, self.pool_for)
         self.prober = Prober(self.topology)
@@ -134,6 +135,7 @@ class Runtime:
                                            error_log=_PywsgiErrors())
             self.admin_server.start()
         self.prober.sync()
+        self.observer.metrics.start()
         self._greenlets = [
             gevent.spawn(self._tick_forever),
             gevent.spawn(self.watcher.run),
@@ -182,9 +184,14 @@ class Runtime:
             return
         diff = diff_configs(self.config, new)
         # From here to the end: no yielding, so requests see the old or the new state.
+        old = self.config
         self.config = new
         self.topology.apply(new, time.monotonic())
         self.observer.access_log = new.access_log
+        if new.statsd != old.statsd:
+            self.observer.metrics.stop()
+            self.observer.metrics = make_metrics(new.statsd, self.topology)
+            self.observer.metrics.start()
         self.loaded_at = time.time()
         self.last_error = None
         self.observer.reload(True)
@@ -228,6 +235,7 @@ class Runtime:
         for greenlet in self._greenlets:
             greenlet.kill(block=False)
         self.prober.stop()
+        self.observer.metrics.stop()
         log.info("stopped")
         self._stopped.set()
 

@@ -892,7 +892,7 @@ def _describe_service(service: ServiceConfig) -> list[str]:
     )
     lines = [
         f"service {service.name}",
-        f"  hosts: {', '.join(service.hosts)}",
+        f"  hosts: {', '.join(h if h != '*' else '* (catch-all)' for h in service.hosts)}",
         f"  container_concurrency {cc}{' (unlimited)' if cc == 0 else ''}, "
         + f"queue_depth {service.queue_depth}, "
         + f"queue_timeout {format_duration(service.queue_timeout)}",
