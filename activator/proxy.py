@@ -27,10 +27,15 @@ import falcon
 
 from . import gate
 from .core.errors import ActivatorError, NotOriginForm, ShuttingDown, UpstreamConnectError, UpstreamTimeout
+from .core.config import ServiceConfig
 from .core.throttler import Grant, ServiceThrottler
 from .core.topology import Topology
 from .observe import Observer, RequestRecord
-from .upstream import UpstreamBodyError, UpstreamPool, UpstreamResponse
+from .upstream import UpstreamBodyError, UpstreamBodyTimeout, UpstreamPool, UpstreamResponse
+
+#: Marks a request one activator forwarded to a peer: the peer never forwards it again.
+FORWARDED_HEADER = "x-activator-forwarded"
+FORWARDED_ENV = "HTTP_X_ACTIVATOR_FORWARDED"
 
 # Request headers never forwarded (RFC 9110 7.6.1), plus Expect: pywsgi already
 # answered "100 Continue" to the client, and the pod gets the body with its length.
@@ -101,7 +106,7 @@ class ProxiedBody:
 
     __slots__ = ("_proxy", "_throttler", "_grant", "_response", "_record", "_closed")
 
-    def __init__(self, proxy: Proxy, throttler: ServiceThrottler, grant: Grant,
+    def __init__(self, proxy: Proxy, throttler: ServiceThrottler, grant: Grant | None,
                  response: UpstreamResponse, record: RequestRecord) -> None:
         self._proxy = proxy
         self._throttler = throttler
@@ -119,9 +124,9 @@ class ProxiedBody:
         except UpstreamBodyError as exc:
             # Head already sent: the only honest signal left is cutting the connection.
             record.reason = "upstream-body-cut"
-            self._throttler.record_failure(
-                self._grant, "timeouts" if "timeout" in type(exc).__name__.lower() else "resets", time.monotonic()
-            )
+            if self._grant is not None:
+                kind = "timeouts" if isinstance(exc, UpstreamBodyTimeout) else "resets"
+                self._throttler.record_failure(self._grant, kind, time.monotonic())
             raise
         record.complete = True
 
@@ -138,8 +143,10 @@ class ProxiedBody:
 class Proxy:
     """The Falcon sink. One instance per process; the topology is swapped under it."""
 
-    def __init__(self, topology: Topology, observer: Observer, pools: Callable[[str], UpstreamPool]) -> None:
+    def __init__(self, topology: Topology, observer: Observer, pools: Callable[[str], UpstreamPool],
+                 self_name: str = "") -> None:
         self.topology = topology
+        self.self_name = self_name
         self.observer = observer
         self._pool_for = pools
         self.stopping = False
@@ -162,10 +169,15 @@ class Proxy:
             record.service = throttler.name
             self.observer.request_started(throttler.name)
             config = throttler.config
-            grant = gate.acquire(throttler, config.queue_timeout)
-            record.queue_wait = time.monotonic() - now
-            response, grant = self._exchange(env, throttler, grant, record)
-            record.pod = grant.pod.address
+            peer = self.topology.forward_peer(throttler.name)
+            if peer is not None and FORWARDED_ENV not in env:
+                response = self._forward(env, peer, config, record)
+                grant = None
+            else:
+                grant = gate.acquire(throttler, config.queue_timeout)
+                record.queue_wait = time.monotonic() - now
+                response, grant = self._exchange(env, throttler, grant, record)
+                record.pod = grant.pod.address
             record.status = response.status
             resp.status = f"{response.status} {response.reason}" if response.reason else response.status
             for name, value in response.headers:
@@ -224,9 +236,25 @@ class Proxy:
             record.upstream_start = sent_at
             return response, grant
 
-    def finish(self, throttler: ServiceThrottler, grant: Grant, record: RequestRecord) -> None:
+    def _forward(self, env: dict[str, Any], peer: str, config: ServiceConfig, record: RequestRecord) -> UpstreamResponse:
+        """Hand the request to a peer activator that owns slots of the service (one hop).
+
+        The peer queues it like its own; the marker header stops it from forwarding again.
+        """
+        record.pod = f"peer:{peer}"
+        headers = forwarded_headers(env)
+        headers.append((FORWARDED_HEADER, self.self_name))
+        body, length = request_body(env)
+        return self._pool_for(peer).request(
+            env["REQUEST_METHOD"], record.target, headers, body, length,
+            connect_timeout=config.connect_timeout,
+            request_timeout=config.queue_timeout + config.request_timeout,
+        )
+
+    def finish(self, throttler: ServiceThrottler, grant: Grant | None, record: RequestRecord) -> None:
         """End of a proxied response (called once, from ProxiedBody.close)."""
-        throttler.release(grant, time.monotonic())
+        if grant is not None:
+            throttler.release(grant, time.monotonic())
         self.active -= 1
         record.end = time.monotonic()
         self.observer.request_done(record)

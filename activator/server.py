@@ -93,7 +93,8 @@ class Runtime:
         self.topology = Topology(config, time.monotonic(), worker=worker, on_transition=self.observer.transition)
         self.observer.metrics = make_metrics(config.statsd, self.topology)
         self._pools: dict[str, UpstreamPool] = {}
-        self.proxy = Proxy(self.topology, self.observer, self.pool_for)
+        self.proxy = Proxy(self.topology, self.observer, self.pool_for,
+                           config.activators.self_name if config.activators else "")
         self.prober = Prober(self.topology)
         self.watcher = FileWatcher(self.path, self.reload)
         self._stopped = Event()
@@ -188,6 +189,7 @@ class Runtime:
         self.config = new
         self.topology.apply(new, time.monotonic())
         self.observer.access_log = new.access_log
+        self.proxy.self_name = new.activators.self_name if new.activators else ""
         if new.statsd != old.statsd:
             self.observer.metrics.stop()
             self.observer.metrics = make_metrics(new.statsd, self.topology)

@@ -115,12 +115,6 @@ _HOP_BY_HOP = frozenset(
         "content-length",
     )
 )
-_NO_TOKENS: frozenset[str] = frozenset()
-
-# Header-callback states.
-_H_NONE = 0
-_H_FIELD = 1
-_H_VALUE = 2
 
 # Body framing of a response.
 _F_NONE = 0  # no body (HEAD, 1xx, 204, 304, or a zero Content-Length)
@@ -182,7 +176,7 @@ def _is_idle_alive(sock) -> bool:
 class UpstreamPool:
     """Keep-alive connections to one pod (``host:port``); see the module docstring."""
 
-    __slots__ = ("host", "port", "max_idle", "_idle", "_closed", "_family", "_addr")
+    __slots__ = ("host", "port", "max_idle", "_idle", "_closed", "_family", "_addr", "_where")
 
     def __init__(self, host: str, port: int, *, max_idle: int = 64) -> None:
         self.host = host
@@ -192,6 +186,7 @@ class UpstreamPool:
         # reusable; len(_idle) <= max_idle; _idle is empty once _closed.
         self._idle: list = []
         self._closed = False
+        self._where = f"{host}:{port}"
         try:
             ip = ipaddress.ip_address(host.strip("[]"))
         except ValueError:
@@ -325,7 +320,7 @@ class UpstreamPool:
 
     def _exchange(self, sock, method, payload, body, more, chunked, remaining, request_timeout, reused):
         """Write the request, read the head. Closes ``sock`` on any failure."""
-        where = f"{self.host}:{self.port}"
+        where = self._where
         try:
             sock.settimeout(request_timeout)
             try:
@@ -342,23 +337,24 @@ class UpstreamPool:
                 _send_rest(sock, body, chunked, remaining, where, request_timeout)
 
             deadline = monotonic() + request_timeout
-            resp = UpstreamResponse()
-            resp._method_head = method == "HEAD"
-            got_any = False
-            while not resp._head_done:
+            resp = None
+            while True:
                 try:
                     data = sock.recv(BLOCK_SIZE)
                 except TimeoutError as e:
                     raise UpstreamTimeout(f"{where} sent no response head within {request_timeout}s") from e
                 except OSError as e:
-                    if reused and not got_any:
+                    if reused and resp is None:
                         raise _Stale() from e
                     raise _connect_error(f"{where} failed before a response head: {e!r}", False) from e
                 if not data:
-                    if reused and not got_any:
+                    if reused and resp is None:
                         raise _Stale()
                     raise _connect_error(f"{where} closed the connection before a complete response head", False)
-                got_any = True
+                if resp is None:
+                    # The usual case: the whole head of a final (non-1xx) response in one recv.
+                    resp = UpstreamResponse(b"\r\n\r\n" in data and data[9:10] != b"1")
+                    resp._method_head = method == "HEAD"
                 try:
                     resp.feed(data)
                 except (HTTPParseError, ValueError) as e:
@@ -368,17 +364,17 @@ class UpstreamPool:
                         ) from e
                     # A complete head followed by garbage: fail when the body is read.
                     resp._failed = e
-                if not resp._head_done:
-                    left = deadline - monotonic()
-                    if left <= 0:
-                        raise UpstreamTimeout(f"{where} sent no response head within {request_timeout}s")
-                    sock.settimeout(left)
+                if resp._head_done:
+                    break
+                left = deadline - monotonic()
+                if left <= 0:
+                    raise UpstreamTimeout(f"{where} sent no response head within {request_timeout}s")
+                sock.settimeout(left)
         except BaseException:
             sock.close()
             raise
 
         resp._deadline = deadline
-        resp._request_timeout = request_timeout
         if resp._complete:
             if resp._reusable():
                 self._release(sock)
@@ -431,135 +427,146 @@ class UpstreamResponse(HTTPResponseParser):
         "reason",
         "headers",
         "content_length",
+        # llhttp looks the callbacks up on the instance: the data callbacks are bound
+        # list.append methods (no Python frame per header), see __init__.
+        "_on_status",
+        "_on_header_field",
+        "_on_header_value",
+        "_on_body",
+        "_raw",
+        "_last",
+        "_pending",
         "_method_head",
         "_head_done",
         "_complete",
         "_interim",
         "_framing",
-        "_chunked",
         "_keep_alive",
         "_extra",
         "_failed",
-        "_hstate",
-        "_hfield",
-        "_hvalue",
-        "_conn_tokens",
-        "_pending",
         "_sock",
         "_pool",
         "_deadline",
-        "_request_timeout",
     )
 
-    def __init__(self) -> None:
+    def __init__(self, whole_head: bool) -> None:
+        """``whole_head``: the first feed holds the complete head of a final response.
+
+        Then every span (status, each name, each value) arrives in exactly one callback,
+        in order, so a bare ``list.append`` collects them. Otherwise spans can be split
+        at feed boundaries and the slow callbacks glue the pieces back together.
+        """
         super().__init__()
+        self._raw = raw = []  # [reason?, name, value, name, value, ...]
+        self._pending = pending = []  # body pieces from the last feed
+        self._on_body = pending.append
+        if whole_head:
+            self._on_status = self._on_header_field = self._on_header_value = raw.append
+        else:
+            self._last = 0
+            self._on_status = self._span_status
+            self._on_header_field = self._span_field
+            self._on_header_value = self._span_value
         self.status = 0
         self.reason = ""
-        self.headers = []
         self.content_length = None
-        self._method_head = False
         self._head_done = False
         self._complete = False
         self._interim = False
-        self._framing = _F_PARSER
-        self._chunked = False
-        self._keep_alive = False
         self._extra = False
         self._failed = None
-        self._hstate = _H_NONE
-        self._hfield = ""
-        self._hvalue = ""
-        self._conn_tokens = _NO_TOKENS
-        self._pending = []
         self._sock = None
-        self._pool = None
 
     def __repr__(self) -> str:
         return f"<UpstreamResponse {self.status} {self.reason!r} length={self.content_length}>"
 
     # -- parser callbacks (called from feed()) ---------------------------------------------
 
+    def _span(self, kind: int, s: str) -> None:
+        if self._last == kind:
+            self._raw[-1] += s  # the rest of a span split by a feed boundary
+        else:
+            self._raw.append(s)
+            self._last = kind
+
+    def _span_status(self, s: str) -> None:
+        self._span(1, s)
+
+    def _span_field(self, s: str) -> None:
+        self._span(2, s)
+
+    def _span_value(self, s: str) -> None:
+        self._span(3, s)
+
     def _on_message_begin(self) -> None:
         if self._complete:
             self._extra = True  # the pod sent more than one response
-        self.reason = ""
-
-    def _on_status(self, s: str) -> None:
-        self.reason += s
-
-    def _on_header_field(self, s: str) -> None:
-        if self._hstate == _H_FIELD:
-            self._hfield += s
-            return
-        if self._hstate == _H_VALUE:
-            self._flush_header()
-        self._hfield = s
-        self._hstate = _H_FIELD
-
-    def _on_header_value(self, s: str) -> None:
-        if self._hstate == _H_VALUE:
-            self._hvalue += s
-        else:
-            self._hvalue = s
-            self._hstate = _H_VALUE
-
-    def _flush_header(self) -> None:
-        name = self._hfield
-        value = self._hvalue
-        self._hstate = _H_NONE
-        self._hvalue = ""
-        lname = name.lower()
-        if lname in _HOP_BY_HOP:
-            if lname == "content-length":
-                self.content_length = int(value)  # llhttp has validated it
-            elif lname == "transfer-encoding":
-                self._chunked = value.rstrip().lower().endswith("chunked")
-            elif lname == "connection":
-                tokens = frozenset(t.strip().lower() for t in value.split(","))
-                self._conn_tokens = self._conn_tokens | tokens
-            return
-        self.headers.append((name, value))
 
     def _on_headers_complete(self):
-        if self._hstate != _H_NONE:
-            self._flush_header()
+        if self._head_done:
+            self._extra = True
+            return True  # a second response after ours: ignore it, and its body
         code = self.get_code()
+        raw = self._raw
         if code < 200:
             # An interim response (100 Continue, 103 Early Hints): drop it, the final
             # response follows on the same connection.
             self._interim = True
-            self.headers = []
-            self.content_length = None
-            self._conn_tokens = _NO_TOKENS
+            raw.clear()
+            self._last = 0
             return False
-        self.status = code
-        self._head_done = True
-        tokens = self._conn_tokens
-        if tokens:
-            if self.get_http_version() == "HTTP/1.1":
-                self._keep_alive = "close" not in tokens
+        n = len(raw)
+        i = n & 1  # a reason phrase comes first, then name/value pairs
+        if i:
+            self.reason = raw[0]
+        headers = []
+        length = None
+        chunked = False
+        tokens = None
+        while i < n:
+            name = raw[i]
+            lname = name.lower()
+            if lname in _HOP_BY_HOP:
+                value = raw[i + 1]
+                if lname == "content-length":
+                    length = int(value)  # llhttp has validated it
+                elif lname == "transfer-encoding":
+                    chunked = value.rstrip().lower().endswith("chunked")
+                elif lname == "connection":
+                    t = {t.strip().lower() for t in value.split(",")}
+                    tokens = t if tokens is None else tokens | t
             else:
-                self._keep_alive = "keep-alive" in tokens
-            named = tokens - {"close", "keep-alive"}
-            if named:
-                self.headers = [h for h in self.headers if h[0].lower() not in named]
+                headers.append((name, raw[i + 1]))
+            i += 2
+        self.status = code
+        self.content_length = length
+        self._head_done = True
+        if tokens is None:
+            keep_alive = self.get_http_version() == "HTTP/1.1"
         else:
-            self._keep_alive = self.get_http_version() == "HTTP/1.1"
+            if self.get_http_version() == "HTTP/1.1":
+                keep_alive = "close" not in tokens
+            else:
+                keep_alive = "keep-alive" in tokens
+            tokens.discard("close")
+            tokens.discard("keep-alive")
+            if tokens:  # headers named in Connection are hop-by-hop too
+                headers = [h for h in headers if h[0].lower() not in tokens]
+        self.headers = headers
         if self._method_head or code == 204 or code == 304:
             self._framing = _F_NONE
+            self._keep_alive = keep_alive
             return True  # no body, whatever the headers say
-        if self.content_length is not None:
+        if length is not None:
             # llhttp rejects Content-Length together with Transfer-Encoding.
-            self._framing = _F_LENGTH if self.content_length else _F_NONE
+            self._framing = _F_LENGTH if length else _F_NONE
         else:
             # chunked, or read until the pod closes (then never reusable)
             self._framing = _F_PARSER
-            if not self._chunked:
-                self._keep_alive = False
+            if not chunked:
+                keep_alive = False
+        self._keep_alive = keep_alive
         return False
-
-    def _on_body(self, buf) -> None:
-        self._pending.append(buf)
 
     def _on_message_complete(self) -> None:
         if self._interim:

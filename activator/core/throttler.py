@@ -240,15 +240,16 @@ class ServiceThrottler:
                 tracker.listed = False
                 self._fire(tracker, PodEvent.UNLISTED, now, "no longer in the file")
         for rank, pod in enumerate(config.pods):
-            tracker = self.trackers.get(pod.address)
-            if tracker is None:
-                tracker = self.trackers[pod.address] = PodTracker(pod.address, rank, now)
-                tracker.drain = pod.drain
+            existing = self.trackers.get(pod.address)
+            if existing is None:
+                new = self.trackers[pod.address] = PodTracker(pod.address, rank, now)
+                new.drain = pod.drain
                 if pod.drain:
-                    self._fire(tracker, PodEvent.DRAIN_SET, now, "listed with drain: true")
+                    self._fire(new, PodEvent.DRAIN_SET, now, "listed with drain: true")
                 else:
-                    self._admit_unprobed(tracker, now, "listed")
+                    self._admit_unprobed(new, now, "listed")
                 continue
+            tracker = existing
             tracker.rank = rank
             was_listed, was_drain = tracker.listed, tracker.drain
             tracker.listed, tracker.drain = True, pod.drain

@@ -48,6 +48,7 @@ class Topology:
         self.services: dict[str, ServiceThrottler] = {}
         self._by_host: dict[str, ServiceThrottler] = {}
         self._catch_all: ServiceThrottler | None = None
+        self._forwards: dict[str, str] = {}
         self.config = config
         self.apply(config, now)
 
@@ -61,8 +62,11 @@ class Topology:
     def apply(self, config: Config, now: float) -> None:
         """Make the running state follow ``config``; keeps every tracker and waiter."""
         self.config = config
+        self._forwards = {}
         for name, service_config in config.services.items():
-            owned = self.owned_slots(service_config)
+            owned, forward = self._division(service_config)
+            if forward is not None:
+                self._forwards[name] = forward
             throttler = self.services.get(name)
             if throttler is None:
                 self.services[name] = ServiceThrottler(
@@ -86,16 +90,31 @@ class Topology:
 
     def owned_slots(self, service: ServiceConfig) -> Mapping[str, int] | None:
         """Slots of each pod owned by this process; None when it owns them all."""
+        return self._division(service)[0]
+
+    def forward_peer(self, service: str) -> str | None:
+        """The peer (``host:port``) to forward this service's requests to, when this
+        activator owns none of its slots (fewer slots than activators); else None."""
+        return self._forwards.get(service)
+
+    def _division(self, service: ServiceConfig) -> tuple[Mapping[str, int] | None, str | None]:
+        """(slots owned by this process, peer to forward to when it owns none)."""
         peers = self.config.activators
         index, count = self.worker
-        if (peers is None or len(peers.peers) == 1) and count == 1:
-            return None
+        several = peers is not None and len(peers.peers) > 1
+        if not several and count == 1:
+            return None, None
         limits = {pod.address: service.container_concurrency for pod in service.pods if not pod.drain}
-        if peers is not None and len(peers.peers) > 1:
-            limits = slot_division.owned_slots(limits, sorted(peers.peers), peers.self_name)
+        forward = None
+        if peers is not None and several:
+            division = slot_division.divide_slots(limits, sorted(peers.peers))
+            limits = division[peers.self_name]
+            if service.container_concurrency > 0 and not limits:
+                forward = _forward_choice(division, peers.self_name)
+                forward = str(peers.peers[forward]) if forward else None
         if count > 1:
             limits = slot_division.owned_slots(limits, [str(i) for i in range(count)], str(index))
-        return limits
+        return limits, forward
 
     def tick(self, now: float) -> None:
         """Periodic housekeeping (drain timeouts, retired services)."""
@@ -104,7 +123,11 @@ class Topology:
         self._drop_retired()
 
     def snapshot(self, now: float) -> dict[str, Any]:
-        return {name: throttler.snapshot(now) for name, throttler in sorted(self.services.items())}
+        services = {}
+        for name, throttler in sorted(self.services.items()):
+            services[name] = throttler.snapshot(now)
+            services[name]["forward_to"] = self._forwards.get(name)
+        return services
 
     def check_invariants(self) -> None:
         for throttler in self.services.values():
@@ -114,3 +137,12 @@ class Topology:
         for name, throttler in list(self.services.items()):
             if name not in self.config.services and throttler.idle:
                 del self.services[name]
+
+
+def _forward_choice(division: Mapping[str, Mapping[str, int]], me: str) -> str | None:
+    """Among the peers owning slots, the one ``me`` forwards to: the best rendezvous
+    score for ``me``, so forwarders spread over the owners and the choice is stable."""
+    owners = [peer for peer, owned in division.items() if owned]
+    if not owners:
+        return None
+    return max(owners, key=lambda peer: slot_division.score(peer, me))
