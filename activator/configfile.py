@@ -29,10 +29,6 @@ _MERGE_TAG = "tag:yaml.org,2002:merge"
 # A valid config is at most five levels deep; this bound keeps the recursive walk far
 # from Python's recursion limit whatever the file holds.
 _MAX_DEPTH = 64
-# What PyYAML's scalar constructors raise on a bad explicitly tagged value
-# (``!!int abc`` -> ValueError, ``!!bool maybe`` -> KeyError, ``!!timestamp x`` ->
-# AttributeError), besides its own ConstructorError.
-_SCALAR_ERRORS = (yaml.YAMLError, ValueError, KeyError, AttributeError, TypeError)
 
 
 def load_config(path: str) -> Config:
@@ -91,8 +87,6 @@ class _Document:
             line = text.encode("utf-8")[: exc.position].count(b"\n") + 1
             message = f"invalid YAML: {exc.reason} (character #x{exc.character:04x})"
             raise ConfigError(message, filename=self.filename, line=line) from exc
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"invalid YAML: {exc}", filename=self.filename) from exc
         finally:
             loader.dispose()
         return self.root
@@ -133,7 +127,11 @@ class _Document:
     def scalar(self, node: yaml.Node, path: KeyPath) -> object:
         try:
             return self.constructor.construct_object(node)
-        except _SCALAR_ERRORS as exc:
+        # PyYAML's scalar constructors fail on explicitly tagged values in many ways
+        # (``!!int abc`` ValueError, ``!!int ''`` IndexError, ``!!bool maybe`` KeyError,
+        # ``!!timestamp x`` AttributeError, ...). Building one scalar is a pure function of
+        # its text, so any failure means exactly "this value cannot be read".
+        except Exception as exc:
             detail = getattr(exc, "problem", None) or str(exc)
             raise self.error(
                 node, path, f"cannot read the value {node.value!r} ({node.tag}): {detail}"
@@ -202,7 +200,8 @@ class _Document:
             return None
         for key_node, value_node in node.value:
             is_key = key_node.tag != _MERGE_TAG and isinstance(key_node, yaml.ScalarNode)
-            if is_key and self.built_key(key_node) == part:
+            # Every key was built before any line is looked up: this hits the cache.
+            if is_key and self.constructor.construct_object(key_node) == part:
                 return key_node, value_node
         for key_node, value_node in node.value:
             if key_node.tag == _MERGE_TAG:
@@ -211,13 +210,6 @@ class _Document:
                     if found is not None:
                         return found
         return None
-
-    def built_key(self, node: yaml.ScalarNode) -> object:
-        """A key as built, or None when building it failed (line lookups never raise)."""
-        try:
-            return self.constructor.construct_object(node)
-        except _SCALAR_ERRORS:
-            return None
 
 
 def _merged_nodes(node: yaml.Node) -> list[yaml.Node]:

@@ -25,13 +25,16 @@ from typing import Any, Callable
 
 import falcon
 
-from . import gate
+from . import client, gate
 from .core.errors import ActivatorError, NotOriginForm, ShuttingDown, UpstreamConnectError, UpstreamTimeout
 from .core.config import ServiceConfig
 from .core.throttler import Grant, ServiceThrottler
 from .core.topology import Topology
 from .observe import Observer, RequestRecord
 from .upstream import UpstreamBodyError, UpstreamBodyTimeout, UpstreamPool, UpstreamResponse
+
+#: The WSGI environ key under which the handler leaves the client socket.
+CLIENT_SOCKET = "activator.client_socket"
 
 #: Marks a request one activator forwarded to a peer: the peer never forwards it again.
 FORWARDED_HEADER = "x-activator-forwarded"
@@ -44,6 +47,10 @@ HOP_BY_HOP = frozenset((
     "proxy-connection", "te", "trailer", "trailers", "transfer-encoding", "upgrade",
     "expect", "content-length", "host",
 ))
+
+
+# Statuses for which Falcon sends no body (and never iterates nor closes resp.stream).
+BODILESS_STATUSES = frozenset((100, 101, 204, 304))
 
 
 def forwarded_headers(env: dict[str, Any]) -> list[tuple[str, str]]:
@@ -174,7 +181,7 @@ class Proxy:
                 response = self._forward(env, peer, config, record)
                 grant = None
             else:
-                grant = gate.acquire(throttler, config.queue_timeout)
+                grant = gate.acquire(throttler, config.queue_timeout, env.get(CLIENT_SOCKET))
                 record.queue_wait = time.monotonic() - now
                 response, grant = self._exchange(env, throttler, grant, record)
                 record.pod = grant.pod.address
@@ -184,8 +191,16 @@ class Proxy:
                 resp.append_header(name, value)
             if response.content_length is not None:
                 resp.content_length = response.content_length
-            resp.stream = ProxiedBody(self, throttler, grant, response, record)
-            body_owner = True
+            if record.method == "HEAD" or response.status in BODILESS_STATUSES:
+                # Falcon drops resp.stream for these without closing it, so a
+                # ProxiedBody would never release its slot: finish here instead.
+                response.close()
+                record.complete = True
+                if grant is not None:
+                    throttler.release(grant, time.monotonic())
+            else:
+                resp.stream = ProxiedBody(self, throttler, grant, response, record)
+                body_owner = True
         except ActivatorError as error:
             record.status = error.status
             record.reason = error.reason
@@ -210,6 +225,9 @@ class Proxy:
         while True:
             attempts -= 1
             pod = grant.pod
+            if client.hung_up(env.get(CLIENT_SOCKET)):
+                throttler.release(grant, time.monotonic())
+                raise client.ClientGone()
             sent_at = time.monotonic()
             try:
                 response = self._pool_for(pod.address).request(
@@ -220,7 +238,7 @@ class Proxy:
                 record.pod = pod.address
                 throttler.record_failure(grant, "connect_errors", time.monotonic())
                 if attempts and getattr(error, "retriable", False) and not self.stopping:
-                    grant = gate.acquire_retry(throttler, grant, config.queue_timeout)
+                    grant = gate.acquire_retry(throttler, grant, config.queue_timeout, env.get(CLIENT_SOCKET))
                     continue
                 throttler.release(grant, time.monotonic())
                 raise
@@ -264,5 +282,8 @@ def make_app(proxy: Proxy) -> falcon.App:
     """The WSGI app for the proxy port: every path goes to the sink."""
     app = falcon.App(media_type=None)
     app.req_options.strip_url_path_trailing_slash = False
-    app.add_sink(proxy, prefix="/")
+    # prefix "" (matches any path), not "/": an absolute-form target such as
+    # "GET http://elsewhere/" must reach the sink to be refused with 400, not get
+    # Falcon's own 404.
+    app.add_sink(proxy, prefix="")
     return app

@@ -44,7 +44,7 @@ from .core.topology import Topology
 from .metrics import make_metrics
 from .observe import Observer
 from .prober import Prober
-from .proxy import Proxy, make_app
+from .proxy import CLIENT_SOCKET, Proxy, make_app
 from .systemd import Notifier, run_watchdog
 from .upstream import UpstreamPool
 from .watcher import FileWatcher
@@ -60,6 +60,7 @@ class ProxyHandler(WSGIHandler):
     def get_environ(self) -> dict[str, Any]:
         env = super().get_environ()
         env["RAW_URI"] = self.path
+        env[CLIENT_SOCKET] = self.socket
         return env
 
 

@@ -874,16 +874,17 @@ def test_snapshot_shape() -> None:
 UNIVERSE = [f"10.9.0.{i}:80" for i in range(1, 5)]
 PROBES = [None, ProbeConfig(healthy_after=1, unhealthy_after=1), ProbeConfig(healthy_after=2, unhealthy_after=2)]
 POLICIES = ["auto", "first-available", "round-robin", "least-in-flight"]
+DRAIN_TIMEOUT = 10.0
 
 
 class Token:
     """One request, as the model sees it."""
 
-    def __init__(self, machine: "ThrottlerMachine", retry: bool) -> None:
+    def __init__(self, machine: "ThrottlerMachine") -> None:
         self.machine = machine
-        self.retry = retry
         self.notified = 0
         self.waiter: Waiter | None = None
+        self.granted_on: str | None = None  # the pod the model saw it granted on
 
     def notify(self) -> None:
         self.notified += 1
@@ -902,7 +903,7 @@ def service_configs(draw: st.DrawFn) -> tuple[ServiceConfig, dict[str, int] | No
         container_concurrency=cc,
         queue_depth=draw(st.integers(0, 3)),
         lb_policy=draw(st.sampled_from(POLICIES)),
-        drain_timeout=10.0,
+        drain_timeout=DRAIN_TIMEOUT,
         probe=draw(st.sampled_from(PROBES)),
         pods=pods,
     )
@@ -913,7 +914,12 @@ def service_configs(draw: st.DrawFn) -> tuple[ServiceConfig, dict[str, int] | No
 
 
 class ThrottlerMachine(RuleBasedStateMachine):
-    """Random operations on one throttler, checked against a small model after each."""
+    """Random operations on one throttler, checked against a small model after each.
+
+    The model keeps its own per-pod count of outstanding grants, the expected queue
+    order (arrivals at the back, retries at the front) and, at each grant, checks the
+    pod was healthy, wanted and had a free slot of ours *at that moment*.
+    """
 
     def __init__(self) -> None:
         super().__init__()
@@ -926,22 +932,44 @@ class ThrottlerMachine(RuleBasedStateMachine):
         self.granted: list[Token] = []  # woken, not yet collected
         self.all_tokens: list[Token] = []
         self.count: Counter[str] = Counter()  # model in-flight per pod
-        self.notified_now: list[Token] = []
+        self.woken: list[Token] = []  # notified during the current core call
+        self.seen: dict[str, int] = {}  # trackers' in_flight as last seen
 
     # -- model hooks ---------------------------------------------------------------
 
-    def on_notify(self, token: Token) -> None:
-        # Called from inside the core, at grant time.
-        assert token.waiter is None or token.waiter.grant is not None
-        self.notified_now.append(token)
+    def look(self) -> dict[str, int]:
+        assert self.t is not None
+        return {a: tr.in_flight for a, tr in self.t.trackers.items()}
 
-    def check_grant(self, grant: Grant) -> None:
-        """At grant time: the pod was healthy, wanted, with a free slot of ours."""
+    def before_call(self, releasing: Grant | None = None) -> None:
+        self.seen = self.look()
+        if releasing is not None:
+            self.seen[releasing.pod.address] -= 1
+
+    def on_notify(self, token: Token) -> None:
+        """Inside the core, right after one grant: find it, judge it then and there."""
+        assert self.t is not None
+        now_seen = self.look()
+        grew = {a: n - self.seen.get(a, 0) for a, n in now_seen.items() if n != self.seen.get(a, 0)}
+        assert len(grew) == 1 and list(grew.values()) == [1], f"one grant expected, saw {grew}"
+        (address,) = grew
+        tracker = self.t.trackers[address]
+        assert tracker.state is HEALTHY, f"granted on a {tracker.state.value} pod"
+        assert tracker.wanted, "granted on an unwanted pod"
+        if tracker.slots is not None:
+            assert now_seen[address] - 1 < tracker.slots, (
+                f"{address}: granted with {now_seen[address] - 1} in flight and {tracker.slots} slots"
+            )
+        token.granted_on = address
+        self.seen = now_seen
+        self.woken.append(token)
+
+    def check_direct_grant(self, grant: Grant) -> None:
+        """A grant returned by acquire/acquire_retry (the only grant of that call)."""
         assert self.t is not None
         tracker = grant.pod
         assert self.t.trackers.get(tracker.address) is tracker
-        assert tracker.state is HEALTHY, tracker.state
-        assert tracker.wanted
+        assert tracker.state is HEALTHY and tracker.wanted
         before = self.count[tracker.address]
         if tracker.slots is not None:
             assert before < tracker.slots, f"{tracker.address}: granted with {before} in flight, {tracker.slots} slots"
@@ -950,19 +978,43 @@ class ThrottlerMachine(RuleBasedStateMachine):
 
     def settle(self) -> None:
         """After a core call: the woken waiters were the oldest, in order."""
-        woken, self.notified_now = self.notified_now, []
+        woken, self.woken = self.woken, []
         if not woken:
             return
         assert woken == self.model_queue[: len(woken)], "hand-off out of FIFO order"
         del self.model_queue[: len(woken)]
         for token in woken:
             assert token.waiter is not None and token.waiter.grant is not None
-            self.check_grant(token.waiter.grant)
+            assert token.waiter.grant.pod.address == token.granted_on
+            self.count[token.granted_on] += 1
             self.granted.append(token)
 
-    def tick_time(self, dt: float) -> float:
+    def advance(self, dt: float) -> float:
         self.now += dt
         return self.now
+
+    def pop_outstanding(self, data: st.DataObject) -> Grant:
+        return self.outstanding.pop(data.draw(st.integers(0, len(self.outstanding) - 1)))
+
+    def do_release(self, grant: Grant) -> None:
+        assert self.t is not None
+        self.before_call(releasing=grant)
+        self.count[grant.pod.address] -= 1
+        self.t.release(grant, self.now)
+        self.settle()
+
+    def do_abandon(self, token: Token) -> None:
+        assert self.t is not None and token.waiter is not None
+        self.before_call()
+        got = self.t.abandon(token.waiter)
+        if token in self.granted:
+            assert got is not None and got is token.waiter.grant
+            self.granted.remove(token)
+            self.outstanding.append(got)  # the request goes on with it (released later)
+        else:
+            assert got is None
+            self.model_queue.remove(token)
+        self.settle()
 
     # -- rules ---------------------------------------------------------------------
 
@@ -974,18 +1026,19 @@ class ThrottlerMachine(RuleBasedStateMachine):
     @rule(dt=st.sampled_from([0.0, 0.5, 3.0]))
     def acquire(self, dt: float) -> None:
         assert self.t is not None and self.config is not None
-        token = Token(self, retry=False)
+        token = Token(self)
         self.all_tokens.append(token)
         queued_before = self.t.queued
+        self.before_call()
         try:
-            result = self.t.acquire(self.tick_time(dt), token.notify)
+            result = self.t.acquire(self.advance(dt), token.notify)
         except QueueFull:
             assert queued_before >= self.config.queue_depth
             assert self.t.queued == queued_before
             return
         if isinstance(result, Grant):
             assert queued_before == 0, "a newcomer barged past waiters"
-            self.check_grant(result)
+            self.check_direct_grant(result)
             self.outstanding.append(result)
         else:
             token.waiter = result
@@ -995,20 +1048,14 @@ class ThrottlerMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.outstanding)
     @rule(data=st.data())
     def release(self, data: st.DataObject) -> None:
-        assert self.t is not None
-        grant = self.outstanding.pop(data.draw(st.integers(0, len(self.outstanding) - 1)))
-        self.count[grant.pod.address] -= 1
-        self.t.release(grant, self.now)
-        self.settle()
+        self.do_release(self.pop_outstanding(data))
 
     @precondition(lambda self: self.outstanding)
     @rule(data=st.data())
     def release_twice_raises(self, data: st.DataObject) -> None:
         assert self.t is not None
-        grant = self.outstanding.pop(data.draw(st.integers(0, len(self.outstanding) - 1)))
-        self.count[grant.pod.address] -= 1
-        self.t.release(grant, self.now)
-        self.settle()
+        grant = self.pop_outstanding(data)
+        self.do_release(grant)
         with pytest.raises(InvariantViolation):
             self.t.release(grant, self.now)
 
@@ -1017,60 +1064,54 @@ class ThrottlerMachine(RuleBasedStateMachine):
     def retry(self, data: st.DataObject) -> None:
         """A connect failure: acquire_retry, then release the failed grant (as the gate does)."""
         assert self.t is not None
-        failed = self.outstanding.pop(data.draw(st.integers(0, len(self.outstanding) - 1)))
-        token = Token(self, retry=True)
+        failed = self.pop_outstanding(data)
+        token = Token(self)
         self.all_tokens.append(token)
-        others_free = [a for a, tr in self.t.trackers.items() if tr is not failed.pod and tr in self.t.policy]
+        others_free = [tr for tr in self.t.trackers.values() if tr is not failed.pod and tr.can_take()]
+        self.model_queue.insert(0, token)  # if it waits, it is at the head: it waited its turn already
+        self.before_call()
         result = self.t.acquire_retry(failed, self.now, token.notify)
         if isinstance(result, Grant):
+            self.model_queue.remove(token)
+            assert others_free, "a grant although no other pod was free"
             assert result.pod is not failed.pod, "retried on the failed pod while another was free"
-            self.check_grant(result)
+            self.check_direct_grant(result)
             self.outstanding.append(result)
         else:
             assert not others_free
             token.waiter = result
-            self.model_queue.insert(0, token)  # the head: it already waited its turn
         self.settle()
-        self.count[failed.pod.address] -= 1
-        self.t.release(failed, self.now)
-        self.settle()
+        self.do_release(failed)
 
     @precondition(lambda self: self.model_queue or self.granted)
     @rule(data=st.data())
     def abandon(self, data: st.DataObject) -> None:
         """A waiter gives up or wakes up: abandon() returns its grant if it has one."""
-        assert self.t is not None
         pool = self.model_queue + self.granted
-        token = pool[data.draw(st.integers(0, len(pool) - 1))]
-        assert token.waiter is not None
-        got = self.t.abandon(token.waiter)
-        if token in self.granted:
-            assert got is token.waiter.grant and got is not None
-            self.granted.remove(token)
-            self.outstanding.append(got)  # the request proceeds with it (released later)
-        else:
-            assert got is None
-            self.model_queue.remove(token)
-        self.settle()
+        self.do_abandon(pool[data.draw(st.integers(0, len(pool) - 1))])
 
     @rule(conf=service_configs(), dt=st.sampled_from([0.0, 1.0, 5.0]))
     def apply(self, conf: tuple[ServiceConfig, dict[str, int] | None], dt: float) -> None:
         assert self.t is not None
         self.config, self.owned = conf
-        self.t.apply(self.config, self.tick_time(dt), self.owned)
+        self.before_call()
+        self.t.apply(self.config, self.advance(dt), self.owned)
         self.settle()
         cc = self.config.container_concurrency
         for address, tracker in self.t.trackers.items():
             expected = None if cc == 0 else cc if self.owned is None else self.owned.get(address, 0)
             assert tracker.slots == expected
-        if self.config.probe is None:
-            for p in self.config.pods:
-                if not p.drain:
-                    assert self.t.trackers[p.address].state is HEALTHY
+        for p in self.config.pods:
+            tracker = self.t.trackers[p.address]
+            if p.drain:
+                assert tracker.state in (DRAINING, REMOVED)
+            elif self.config.probe is None:
+                assert tracker.state is HEALTHY
 
     @rule(address=st.sampled_from(UNIVERSE), ok=st.booleans())
     def probe(self, address: str, ok: bool) -> None:
         assert self.t is not None
+        self.before_call()
         self.t.probe_result(address, ok, self.now)
         self.settle()
 
@@ -1079,6 +1120,7 @@ class ThrottlerMachine(RuleBasedStateMachine):
     def record_failure(self, data: st.DataObject, kind: str) -> None:
         assert self.t is not None
         grant = self.outstanding[data.draw(st.integers(0, len(self.outstanding) - 1))]
+        self.before_call()
         self.t.record_failure(grant, kind, self.now)
         self.settle()
 
@@ -1093,39 +1135,37 @@ class ThrottlerMachine(RuleBasedStateMachine):
     @rule(dt=st.sampled_from([1.0, 4.0, 11.0]))
     def tick(self, dt: float) -> None:
         assert self.t is not None
-        self.t.tick(self.tick_time(dt))
+        self.before_call()
+        self.t.tick(self.advance(dt))
         self.settle()
         for tracker in self.t.trackers.values():
-            assert tracker.state is not DRAINING or self.now - tracker.since < 10.0
+            assert tracker.state is not DRAINING or self.now - tracker.since < DRAIN_TIMEOUT
 
     # -- after every step ----------------------------------------------------------
 
     @invariant()
     def consistent(self) -> None:
-        if self.t is None:
+        if self.t is None or self.config is None:
             return
         t = self.t
         t.check_invariants()
-        assert not self.notified_now
+        assert not self.woken
         assert t.queued == len(self.model_queue)
         assert t.in_flight == sum(self.count.values())
-        listed = {p.address for p in self.config.pods} if self.config else set()
+        listed = {p.address for p in self.config.pods}
         for address in UNIVERSE:
             tracker = t.trackers.get(address)
             if tracker is None:
+                # A tracker is only forgotten when nothing runs on it (the seed bug).
                 assert self.count[address] == 0, f"{address} forgotten with {self.count[address]} in flight"
                 assert address not in listed
             else:
                 assert tracker.in_flight == self.count[address]
                 assert tracker.listed == (address in listed)
-        assert self.count[""] == 0
-        for token in self.model_queue:
-            assert token.notified == 0
-        for token in self.granted:
-            assert token.notified == 1
-        cc = self.config.container_concurrency if self.config else 1
+        assert all(token.notified == 0 for token in self.model_queue)
+        assert all(token.notified == 1 for token in self.granted)
         healthy = [tr for tr in t.trackers.values() if tr.state is HEALTHY]
-        if cc == 0:
+        if self.config.container_concurrency == 0:
             assert t.capacity == (None if healthy else 0)
         else:
             assert t.capacity == sum(tr.slots or 0 for tr in healthy)
@@ -1135,40 +1175,27 @@ class ThrottlerMachine(RuleBasedStateMachine):
         if t is None:
             return
         # Release everything, abandon every waiter: every count back to zero.
-        for _ in range(1000):
+        while self.outstanding or self.model_queue or self.granted:
             if self.outstanding:
-                grant = self.outstanding.pop()
-                self.count[grant.pod.address] -= 1
-                t.release(grant, self.now)
-            elif self.model_queue or self.granted:
-                token = (self.model_queue + self.granted)[0]
-                assert token.waiter is not None
-                got = t.abandon(token.waiter)
-                if token in self.granted:
-                    self.granted.remove(token)
-                    assert got is not None
-                    self.outstanding.append(got)
-                else:
-                    assert got is None
-                    self.model_queue.remove(token)
+                self.do_release(self.outstanding.pop())
             else:
-                break
-            self.settle()
+                self.do_abandon((self.model_queue + self.granted)[0])
             t.check_invariants()
         assert t.in_flight == 0
         assert t.queued == 0
         assert all(tracker.in_flight == 0 for tracker in t.trackers.values())
         assert all(tracker.state is not DRAINING for tracker in t.trackers.values())
-        assert all(tracker.listed for tracker in t.trackers.values())
+        assert all(tracker.listed for tracker in t.trackers.values())  # unlisted idle ones are gone
         for token in self.all_tokens:
-            assert token.notified <= 1
             if token.waiter is not None:
                 assert token.notified == (1 if token.waiter.grant is not None else 0)
+            else:
+                assert token.notified == 0  # granted directly, never woken
 
 
 ThrottlerMachine.TestCase.settings = settings(
-    max_examples=200,
-    stateful_step_count=40,
+    max_examples=150,
+    stateful_step_count=30,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
