@@ -29,12 +29,10 @@ from . import client, gate
 from .core.errors import ActivatorError, NotOriginForm, ShuttingDown, UpstreamConnectError, UpstreamTimeout
 from .core.config import ServiceConfig
 from .core.throttler import Grant, ServiceThrottler
+from .handler import CLIENT_SOCKET
 from .core.topology import Topology
 from .observe import Observer, RequestRecord
 from .upstream import UpstreamBodyError, UpstreamBodyTimeout, UpstreamPool, UpstreamResponse
-
-#: The WSGI environ key under which the handler leaves the client socket.
-CLIENT_SOCKET = "activator.client_socket"
 
 #: Marks a request one activator forwarded to a peer: the peer never forwards it again.
 FORWARDED_HEADER = "x-activator-forwarded"
@@ -88,7 +86,7 @@ def request_body(env: dict[str, Any]) -> tuple[Any, int | None]:
     if length:
         n = int(length)
         return (env["wsgi.input"], n) if n else (None, 0)
-    if "chunked" in env.get("HTTP_TRANSFER_ENCODING", "").lower():
+    if "HTTP_TRANSFER_ENCODING" in env:  # the handler let only "chunked" through
         return env["wsgi.input"], None
     return None, 0
 

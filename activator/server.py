@@ -33,7 +33,7 @@ from typing import Any
 import gevent
 import gevent.pool
 from gevent.event import Event
-from gevent.pywsgi import WSGIHandler, WSGIServer
+from gevent.pywsgi import WSGIServer
 
 from . import __version__
 from .admin import make_admin_app
@@ -44,7 +44,8 @@ from .core.topology import Topology
 from .metrics import make_metrics
 from .observe import Observer
 from .prober import Prober
-from .proxy import CLIENT_SOCKET, Proxy, make_app
+from .handler import handler_for
+from .proxy import Proxy, make_app
 from .systemd import Notifier, run_watchdog
 from .upstream import UpstreamPool
 from .watcher import FileWatcher
@@ -52,16 +53,6 @@ from .watcher import FileWatcher
 log = logging.getLogger("activator")
 
 TICK_SECONDS = 0.5
-
-
-class ProxyHandler(WSGIHandler):
-    """pywsgi's handler, exposing the raw request target (``RAW_URI``) to the app."""
-
-    def get_environ(self) -> dict[str, Any]:
-        env = super().get_environ()
-        env["RAW_URI"] = self.path
-        env[CLIENT_SOCKET] = self.socket
-        return env
 
 
 def listen_socket(address: Address, *, reuse_port: bool = False, backlog: int = 1024) -> socket.socket:
@@ -126,7 +117,7 @@ class Runtime:
         listener = listen_socket(config.listen, reuse_port=config.workers > 1)
         self.server = WSGIServer(
             listener, make_app(self.proxy), spawn=gevent.pool.Pool(limits.max_connections),
-            handler_class=ProxyHandler, log=None, error_log=_PywsgiErrors(),
+            handler_class=handler_for(limits), log=None, error_log=_PywsgiErrors(),
         )
         self.server.start()
         if config.admin is not None:
@@ -190,6 +181,8 @@ class Runtime:
         self.config = new
         self.topology.apply(new, time.monotonic())
         self.observer.access_log = new.access_log
+        if self.server is not None:
+            self.server.handler_class = handler_for(new.limits)
         self.proxy.self_name = new.activators.self_name if new.activators else ""
         if new.statsd != old.statsd:
             self.observer.metrics.stop()

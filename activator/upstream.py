@@ -41,9 +41,12 @@ Timeouts
 Retry rule
     A reused idle connection that fails before any response byte (send error, EOF or
     reset while waiting for the head) is retried exactly once on a fresh connection, if
-    the whole request is still in hand: no body, or a body that was completely read in
-    the first piece (<= 64 KiB) and so is held in memory. A streamed body is never
-    replayed. Failures on fresh connections are not retried here; instead
+    everything taken from the request body so far is still in hand. The head and the
+    first body piece (<= 64 KiB) go out in one write and are kept until it is done, so
+    this covers: no body, a body that fit in that first piece, or a failure during the
+    first write (the rest of the body is then still unread). Once a second piece has
+    been read, the body is being streamed and is never replayed: a failure then is an
+    error. Failures on fresh connections are not retried here; instead
     ``UpstreamConnectError.retriable`` tells the proxy whether it may retry on another
     pod: True only when the connection could not be established (refused, unreachable,
     connect timeout) and nothing was read from the request body yet.
@@ -271,6 +274,8 @@ class UpstreamPool:
 
         # Head and first piece of the body, sent in one write.
         hdrs = "\r\n".join(map(": ".join, headers))
+        if hdrs:
+            hdrs += "\r\n"
         more = False  # body bytes remain to be streamed after the first write
         chunked = False
         remaining = 0
@@ -282,7 +287,7 @@ class UpstreamPool:
                     framing = "Content-Length: 0\r\n"
                 else:
                     raise ValueError("body_length > 0 without a body")
-                payload = f"{method} {target} HTTP/1.1\r\n{hdrs}\r\n{framing}\r\n".encode("latin-1")
+                payload = f"{method} {target} HTTP/1.1\r\n{hdrs}{framing}\r\n".encode("latin-1")
             elif body_length is not None:
                 first = _read_body(body, BLOCK_SIZE if body_length > BLOCK_SIZE else body_length)
                 if not first:
@@ -290,13 +295,13 @@ class UpstreamPool:
                 remaining = body_length - len(first)
                 more = remaining > 0
                 payload = (
-                    f"{method} {target} HTTP/1.1\r\n{hdrs}\r\nContent-Length: {body_length}\r\n\r\n".encode("latin-1")
+                    f"{method} {target} HTTP/1.1\r\n{hdrs}Content-Length: {body_length}\r\n\r\n".encode("latin-1")
                     + first
                 )
             else:
                 chunked = True
                 first = _read_body(body, BLOCK_SIZE)
-                payload = f"{method} {target} HTTP/1.1\r\n{hdrs}\r\nTransfer-Encoding: chunked\r\n\r\n".encode("latin-1")
+                payload = f"{method} {target} HTTP/1.1\r\n{hdrs}Transfer-Encoding: chunked\r\n\r\n".encode("latin-1")
                 if first:
                     payload = b"%s%x\r\n%s\r\n" % (payload, len(first), first)
                     more = True
@@ -541,6 +546,10 @@ class UpstreamResponse(HTTPResponseParser):
         self.status = code
         self.content_length = length
         self._head_done = True
+        # Later spans (chunked trailers) are dropped; this also breaks the
+        # self -> bound method -> self cycle of the slow callbacks.
+        raw.clear()
+        self._on_status = self._on_header_field = self._on_header_value = raw.append
         if tokens is None:
             keep_alive = self.get_http_version() == "HTTP/1.1"
         else:

@@ -557,3 +557,60 @@ def test_reuse_rules(raw, response, reusable):
     assert (resp.status, resp.reason, data) == (200, "OK", b"ok")
     assert pool.idle_count == (1 if reusable else 0)
     pool.close()
+
+
+def test_host_name_and_bare_requests(backend):
+    pool = UpstreamPool("localhost", backend.port)  # resolved on connect
+    resp, data = call(pool, "GET", "/bytes/4", headers=[])  # no headers at all is still a valid request
+    assert (resp.status, data) == (200, pattern(4))
+    with pytest.raises(ValueError):
+        pool.request("POST", "/echo", [], None, 10, **TIMEOUTS)
+    pool.close()
+
+
+# -- the head parser, fed in arbitrary pieces (no sockets) ---------------------------------
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from activator.upstream import UpstreamResponse  # noqa: E402
+
+SAMPLE_HEAD = (
+    b"HTTP/1.1 200 All Good\r\nServer: x\r\nX-Empty:\r\nConnection: keep-alive, X-Hop\r\n"
+    b"X-Hop: 1\r\nSet-Cookie: a=1\r\nTransfer-Encoding: chunked\r\nSet-Cookie: b=2\r\n\r\n"
+    b"4\r\nwiki\r\n5\r\npedia\r\n0\r\nX-Trailer: t\r\n\r\n"
+)
+
+
+def parse(pieces, whole_head):
+    resp = UpstreamResponse(whole_head)
+    resp._method_head = False
+    body = b""
+    for piece in pieces:
+        resp.feed(piece)
+        if resp._pending:
+            body += resp._take_pending()
+    return resp, body
+
+
+def test_head_in_one_piece():
+    resp, body = parse([SAMPLE_HEAD], True)
+    assert (resp.status, resp.reason) == (200, "All Good")
+    assert resp.headers == [("Server", "x"), ("X-Empty", ""), ("Set-Cookie", "a=1"), ("Set-Cookie", "b=2")]
+    assert (body, resp._complete, resp._keep_alive) == (b"wikipedia", True, True)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(min_value=1, max_value=len(SAMPLE_HEAD) - 1), max_size=30))
+def test_head_split_anywhere_parses_the_same(cuts):
+    cuts = sorted(set(cuts))
+    pieces = [SAMPLE_HEAD[a:b] for a, b in zip([0, *cuts], [*cuts, len(SAMPLE_HEAD)])]
+    one, one_body = parse([SAMPLE_HEAD], True)
+    resp, body = parse(pieces, False)
+    assert (resp.status, resp.reason, resp.headers, resp.content_length) == (
+        one.status,
+        one.reason,
+        one.headers,
+        one.content_length,
+    )
+    assert (body, resp._complete, resp._keep_alive) == (one_body, True, True)

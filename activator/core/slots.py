@@ -154,6 +154,7 @@ pods of cc 4 and 10 peers). Roughly linear in pods * (cc % n) * n.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import heapq
 from collections.abc import Mapping, Sequence
 
@@ -170,7 +171,9 @@ def _check_inputs(pods: Mapping[str, int], peers: Sequence[str]) -> list[str]:
             raise ValueError(f"duplicate peer {names[i]!r}")
     for address, cc in pods.items():
         if isinstance(cc, bool) or not isinstance(cc, int) or cc < 0:
-            raise ValueError(f"pod {address!r}: container_concurrency must be an int >= 0, not {cc!r}")
+            raise ValueError(
+                f"pod {address!r}: container_concurrency must be an int >= 0, not {cc!r}"
+            )
     return names
 
 
@@ -323,7 +326,7 @@ def _extras(scores: list[list[int]], rems: list[int], n: int) -> list[bytearray]
         path.reverse()
         # Read every edge's pod before moving any: the path is shortest as a whole.
         steps = []
-        for u, v in zip(path, path[1:]):
+        for u, v in itertools.pairwise(path):
             e = weight[u][v]
             assert e is not None
             steps.append((e % m, u, v))

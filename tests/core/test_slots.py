@@ -92,7 +92,12 @@ peer_names = st.lists(
     unique=True,
 )
 addresses = st.one_of(
-    st.builds(lambda a, b, port: f"10.0.{a}.{b}:{port}", st.integers(0, 255), st.integers(0, 255), st.integers(1, 65535)),
+    st.builds(
+        lambda a, b, port: f"10.0.{a}.{b}:{port}",
+        st.integers(0, 255),
+        st.integers(0, 255),
+        st.integers(1, 65535),
+    ),
     st.text(min_size=1, max_size=10),
 )
 pod_sets = st.dictionaries(addresses, st.integers(0, 6), max_size=12)
@@ -110,7 +115,11 @@ limited_pod_sets = st.dictionaries(addresses, st.integers(1, 6), min_size=1, max
         # No pods: every peer is a key and owns nothing.
         ({}, ["a", "b"], {"a": {}, "b": {}}),
         # A single peer owns every slot.
-        ({"10.0.0.1:80": 3, "10.0.0.2:80": 1}, ["solo"], {"solo": {"10.0.0.1:80": 3, "10.0.0.2:80": 1}}),
+        (
+            {"10.0.0.1:80": 3, "10.0.0.2:80": 1},
+            ["solo"],
+            {"solo": {"10.0.0.1:80": 3, "10.0.0.2:80": 1}},
+        ),
         # cc=0 pods are unlimited: never divided, never listed.
         ({"10.0.0.1:80": 0, "10.0.0.2:80": 0}, ["a", "b"], {"a": {}, "b": {}}),
         ({"10.0.0.1:80": 0, "10.0.0.2:80": 1}, ["solo"], {"solo": {"10.0.0.2:80": 1}}),
@@ -134,7 +143,11 @@ limited_pod_sets = st.dictionaries(addresses, st.integers(1, 6), min_size=1, max
         (
             {"10.0.0.1:80": 2, "10.0.0.2:80": 2, "10.0.0.9:80": 0},
             ["a", "b", "c"],
-            {"a": {"10.0.0.1:80": 1, "10.0.0.2:80": 1}, "b": {"10.0.0.2:80": 1}, "c": {"10.0.0.1:80": 1}},
+            {
+                "a": {"10.0.0.1:80": 1, "10.0.0.2:80": 1},
+                "b": {"10.0.0.2:80": 1},
+                "c": {"10.0.0.1:80": 1},
+            },
         ),
     ],
 )
@@ -243,7 +256,7 @@ def test_module_is_pure() -> None:
         elif isinstance(node, ast.ImportFrom):
             assert node.module is not None
             imported.add(node.module.split(".")[0])
-    assert imported <= {"__future__", "hashlib", "heapq", "collections"}, imported
+    assert imported <= {"__future__", "hashlib", "heapq", "itertools", "collections"}, imported
 
 
 _CHILD = """
@@ -262,17 +275,22 @@ def test_same_result_in_every_process() -> None:
         env = dict(os.environ, PYTHONHASHSEED=seed)
         root = str(Path(slots.__file__).resolve().parents[2])
         env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-        proc = subprocess.run([sys.executable, "-c", _CHILD], env=env, capture_output=True, text=True, check=True)
+        proc = subprocess.run(
+            [sys.executable, "-c", _CHILD], env=env, capture_output=True, text=True, check=True
+        )
         outputs.append(json.loads(proc.stdout))
     assert outputs[0] == outputs[1]
     pods = {f"10.1.{i % 7}.{i}:{8000 + i}": i % 5 for i in range(60)}
-    assert outputs[0] == divide_slots(pods, ["activator-b", "activator-a", "activator-c", "\u00e9t\u00e9"])
+    assert outputs[0] == divide_slots(
+        pods, ["activator-b", "activator-a", "activator-c", "\u00e9t\u00e9"]
+    )
 
 
 def test_score_is_pinned() -> None:
     """The hash is part of the contract: peers on different versions must agree."""
     assert score("a", "10.0.0.1:80") == int.from_bytes(
-        __import__("hashlib").blake2b(b"\x00\x00\x00\x01a10.0.0.1:80", digest_size=8).digest(), "big"
+        __import__("hashlib").blake2b(b"\x00\x00\x00\x01a10.0.0.1:80", digest_size=8).digest(),
+        "big",
     )
 
 
@@ -310,7 +328,9 @@ def test_order_independence(data: st.DataObject, pods: dict[str, int], peers: li
 @settings(max_examples=150, deadline=None)
 @given(
     pods=st.dictionaries(addresses, st.integers(0, 5), max_size=4),
-    peers=st.lists(st.from_regex(r"[a-z]{1,3}", fullmatch=True), min_size=1, max_size=4, unique=True),
+    peers=st.lists(
+        st.from_regex(r"[a-z]{1,3}", fullmatch=True), min_size=1, max_size=4, unique=True
+    ),
 )
 def test_is_the_optimum(pods: dict[str, int], peers: list[str]) -> None:
     """The rebalancing finds exactly the specified optimum (the bounds rest on it)."""
@@ -349,7 +369,9 @@ def test_removing_a_peer(data: st.DataObject, pods: dict[str, int], peers: list[
 
 @settings(max_examples=150, deadline=None)
 @given(data=st.data(), pods=pod_sets, peers=peer_names, cc=st.integers(1, 6))
-def test_adding_or_removing_a_pod(data: st.DataObject, pods: dict[str, int], peers: list[str], cc: int) -> None:
+def test_adding_or_removing_a_pod(
+    data: st.DataObject, pods: dict[str, int], peers: list[str], cc: int
+) -> None:
     address = data.draw(addresses.filter(lambda a: a not in pods))
     without = divide_checked(pods, peers)
     with_pod = divide_checked({**pods, address: cc}, peers)
@@ -363,7 +385,9 @@ def test_adding_or_removing_a_pod(data: st.DataObject, pods: dict[str, int], pee
 
 @settings(max_examples=150, deadline=None)
 @given(data=st.data(), pods=limited_pod_sets, peers=peer_names, new_cc=st.integers(0, 8))
-def test_changing_a_cc(data: st.DataObject, pods: dict[str, int], peers: list[str], new_cc: int) -> None:
+def test_changing_a_cc(
+    data: st.DataObject, pods: dict[str, int], peers: list[str], new_cc: int
+) -> None:
     address = data.draw(st.sampled_from(sorted(pods)))
     before = divide_checked(pods, peers)
     after = divide_checked({**pods, address: new_cc}, peers)
@@ -372,7 +396,9 @@ def test_changing_a_cc(data: st.DataObject, pods: dict[str, int], peers: list[st
 
 @settings(max_examples=100, deadline=None)
 @given(data=st.data(), pods=limited_pod_sets, peers=peer_names)
-def test_one_slot_more_moves_at_most_n_minus_1(data: st.DataObject, pods: dict[str, int], peers: list[str]) -> None:
+def test_one_slot_more_moves_at_most_n_minus_1(
+    data: st.DataObject, pods: dict[str, int], peers: list[str]
+) -> None:
     address = data.draw(st.sampled_from(sorted(pods)))
     before = divide_checked(pods, peers)
     after = divide_checked({**pods, address: pods[address] + 1}, peers)
@@ -430,7 +456,9 @@ def test_typical_movement_is_close_to_the_minimum() -> None:
     add_extra, remove_extra, pod_moves = [], [], []
     for _ in range(200):
         pods = {
-            f"10.{rng.randrange(256)}.{rng.randrange(256)}.{rng.randrange(256)}:8080": rng.randint(1, 4)
+            f"10.{rng.randrange(256)}.{rng.randrange(256)}.{rng.randrange(256)}:8080": rng.randint(
+                1, 4
+            )
             for _ in range(rng.randint(1, 40))
         }
         peers = [f"act-{i}" for i in rng.sample(range(1000), 3)]
