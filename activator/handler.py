@@ -50,7 +50,7 @@ class RequestRefused(ValueError):
 
 
 _STATUS_TEXT = {400: "Bad Request", 408: "Request Timeout", 413: "Content Too Large",
-                431: "Request Header Fields Too Large", 501: "Not Implemented"}
+                431: "Request Header Fields Too Large", 501: "Not Implemented", 503: "Service Unavailable"}
 
 
 def refusal_bytes(status: int, reason: str) -> bytes:

@@ -3,8 +3,8 @@
 What this module decides:
 
 - Listeners: sockets created here with TCP_NODELAY (without it pywsgi stalls ~40 ms
-  per keep-alive response) and SO_REUSEADDR; the proxy's pywsgi server spawns from a
-  ``Pool`` of ``limits.max_connections`` (its size caps client connections).
+  per keep-alive response) and SO_REUSEADDR. Client connections over
+  ``limits.max_connections`` are answered 503 ``too-many-connections`` and closed.
 - One writer of topology: config reloads, the periodic tick (drain timeouts, idle
   pools) and probe results are applied from greenlets that never yield while they
   change state; requests only acquire and release.
@@ -44,7 +44,7 @@ from .core.topology import Topology
 from .metrics import make_metrics
 from .observe import Observer
 from .prober import Prober
-from .handler import handler_for
+from .handler import handler_for, refusal_bytes
 from .proxy import Proxy, make_app
 from .systemd import Notifier, run_watchdog
 from .upstream import UpstreamPool
@@ -53,6 +53,33 @@ from .watcher import FileWatcher
 log = logging.getLogger("activator")
 
 TICK_SECONDS = 0.5
+
+
+class ProxyServer(WSGIServer):
+    """pywsgi's server, answering connections over ``max_connections`` with 503 at once.
+
+    A full pool would otherwise stop accepting and leave new clients hanging in the
+    kernel's backlog; an immediate refusal is what a client (or its balancer) can act on.
+    """
+
+    def __init__(self, *args: Any, max_connections: int, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.max_connections = max_connections
+        self.connections = 0
+
+    def handle(self, sock: Any, address: Any) -> None:
+        if self.connections >= self.max_connections:
+            try:
+                sock.sendall(refusal_bytes(503, "too-many-connections"))
+            except OSError:
+                pass
+            sock.close()
+            return
+        self.connections += 1
+        try:
+            super().handle(sock, address)
+        finally:
+            self.connections -= 1
 
 
 def listen_socket(address: Address, *, reuse_port: bool = False, backlog: int = 1024) -> socket.socket:
@@ -115,8 +142,8 @@ class Runtime:
         config = self.config
         limits = config.limits
         listener = listen_socket(config.listen, reuse_port=config.workers > 1)
-        self.server = WSGIServer(
-            listener, make_app(self.proxy), spawn=gevent.pool.Pool(limits.max_connections),
+        self.server = ProxyServer(
+            listener, make_app(self.proxy), spawn=gevent.pool.Pool(), max_connections=limits.max_connections,
             handler_class=handler_for(limits), log=None, error_log=_PywsgiErrors(),
         )
         self.server.start()
@@ -183,6 +210,7 @@ class Runtime:
         self.observer.access_log = new.access_log
         if self.server is not None:
             self.server.handler_class = handler_for(new.limits)
+            self.server.max_connections = new.limits.max_connections
         self.proxy.self_name = new.activators.self_name if new.activators else ""
         if new.statsd != old.statsd:
             self.observer.metrics.stop()

@@ -154,8 +154,8 @@ pods of cc 4 and 10 peers). Roughly linear in pods * (cc % n) * n.
 from __future__ import annotations
 
 import hashlib
-import itertools
 import heapq
+import itertools
 from collections.abc import Mapping, Sequence
 
 #: peer -> {pod address: slots of that pod the peer owns}. Pods with 0 slots for a peer
@@ -391,7 +391,7 @@ def divide_slots(pods: Mapping[str, int], peers: Sequence[str]) -> Division:
             for row in rows:
                 row[address] = q
     member = _extras(scores, rems, n)
-    for (address, q), extra in zip(split, member):
+    for (address, q), extra in zip(split, member, strict=True):
         for p in range(n):
             c = q + extra[p]
             if c:
@@ -490,4 +490,4 @@ def check_division(pods: Mapping[str, int], peers: Sequence[str], division: Divi
                 raise AssertionError(f"{address}: not spread, {got} with {n} peers")
     totals = [sum(division[name].values()) for name in names]
     if max(totals) - min(totals) > 1:
-        raise AssertionError(f"unbalanced totals {dict(zip(names, totals))}")
+        raise AssertionError(f"unbalanced totals {dict(zip(names, totals, strict=True))}")

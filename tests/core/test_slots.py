@@ -249,7 +249,7 @@ def test_moved_slots() -> None:
 
 def test_module_is_pure() -> None:
     tree = ast.parse(Path(slots.__file__).read_text())
-    imported = set()
+    imported: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             imported.update(alias.name.split(".")[0] for alias in node.names)
