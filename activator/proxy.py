@@ -30,13 +30,22 @@ from .core.errors import ActivatorError, NotOriginForm, ShuttingDown, UpstreamCo
 from .core.config import ServiceConfig
 from .core.throttler import Grant, ServiceThrottler
 from .handler import CLIENT_SOCKET
-from .core.topology import Topology
+from .core.topology import Forward, Topology
 from .observe import Observer, RequestRecord
 from .upstream import UpstreamBodyError, UpstreamBodyTimeout, UpstreamPool, UpstreamResponse
 
-#: Marks a request one activator forwarded to a peer: the peer never forwards it again.
+#: Marks a forwarded request: "peer NAME" (from another activator) or "worker N" (from
+#: a sibling worker process). One hop per level: a request from a peer may still go to
+#: a sibling worker that owns slots, a request from a worker goes nowhere else.
 FORWARDED_HEADER = "x-activator-forwarded"
 FORWARDED_ENV = "HTTP_X_ACTIVATOR_FORWARDED"
+
+
+def may_forward(marker: str | None, kind: str) -> bool:
+    """Whether a request carrying ``marker`` may be forwarded once more, to a ``kind``."""
+    if marker is None:
+        return True
+    return marker.startswith("peer") and kind == "worker"
 
 # Request headers never forwarded (RFC 9110 7.6.1), plus Expect: pywsgi already
 # answered "100 Continue" to the client, and the pod gets the body with its length.
@@ -174,9 +183,9 @@ class Proxy:
             record.service = throttler.name
             self.observer.request_started(throttler.name)
             config = throttler.config
-            peer = self.topology.forward_peer(throttler.name)
-            if peer is not None and FORWARDED_ENV not in env:
-                response = self._forward(env, peer, config, record)
+            target = self.topology.forward_target(throttler.name)
+            if target is not None and may_forward(env.get(FORWARDED_ENV), target.kind):
+                response = self._forward(env, target, config, record)
                 grant = None
             else:
                 grant = gate.acquire(throttler, config.queue_timeout, env.get(CLIENT_SOCKET))
@@ -252,16 +261,17 @@ class Proxy:
             record.upstream_start = sent_at
             return response, grant
 
-    def _forward(self, env: dict[str, Any], peer: str, config: ServiceConfig, record: RequestRecord) -> UpstreamResponse:
-        """Hand the request to a peer activator that owns slots of the service (one hop).
+    def _forward(self, env: dict[str, Any], target: Forward, config: ServiceConfig,
+                 record: RequestRecord) -> UpstreamResponse:
+        """Hand the request to a peer activator, or a sibling worker, that owns slots.
 
-        The peer queues it like its own; the marker header stops it from forwarding again.
+        The receiver queues it like its own; the marker header keeps it from going on.
         """
-        record.pod = f"peer:{peer}"
+        record.pod = f"{target.kind}:{target.address}"
         headers = forwarded_headers(env)
-        headers.append((FORWARDED_HEADER, self.self_name))
+        headers.append((FORWARDED_HEADER, f"{target.kind} {self.self_name}"))
         body, length = request_body(env)
-        return self._pool_for(peer).request(
+        return self._pool_for(target.address).request(
             env["REQUEST_METHOD"], record.target, headers, body, length,
             connect_timeout=config.connect_timeout,
             request_timeout=config.queue_timeout + config.request_timeout,

@@ -49,6 +49,7 @@ from .proxy import Proxy, make_app
 from .systemd import Notifier, run_watchdog
 from .upstream import UpstreamPool
 from .watcher import FileWatcher
+from .workersockets import WorkerSockets
 
 log = logging.getLogger("activator")
 
@@ -99,7 +100,8 @@ def listen_socket(address: Address, *, reuse_port: bool = False, backlog: int = 
 class Runtime:
     """Everything one activator process runs; built from a valid config."""
 
-    def __init__(self, config: Config, *, worker: tuple[int, int] = (0, 1)) -> None:
+    def __init__(self, config: Config, *, worker: WorkerSockets | None = None) -> None:
+        self.worker = worker
         self.config = config
         self.path = config.path
         self.loaded_at = time.time()
@@ -109,7 +111,9 @@ class Runtime:
         self.stopping = False
         self.notifier = Notifier.from_env()
         self.observer = Observer(access_log=config.access_log)
-        self.topology = Topology(config, time.monotonic(), worker=worker, on_transition=self.observer.transition)
+        self.topology = Topology(config, time.monotonic(), on_transition=self.observer.transition,
+                                 worker_index=worker.index if worker else 0,
+                                 workers=worker.addresses if worker else ())
         self.observer.metrics = make_metrics(config.statsd, self.topology)
         self._pools: dict[str, UpstreamPool] = {}
         self.proxy = Proxy(self.topology, self.observer, self.pool_for,
@@ -118,7 +122,8 @@ class Runtime:
         self.watcher = FileWatcher(self.path, self.reload)
         self._stopped = Event()
         self._greenlets: list[gevent.Greenlet] = []
-        self.server: WSGIServer | None = None
+        self.server: ProxyServer | None = None
+        self.private_server: ProxyServer | None = None  # a worker's port for its siblings
         self.admin_server: WSGIServer | None = None
 
     # -- upstream pools ---------------------------------------------------------
@@ -140,14 +145,16 @@ class Runtime:
     def start(self) -> None:
         """Bind the listeners and start serving; raises OSError if a port is taken."""
         config = self.config
-        limits = config.limits
-        listener = listen_socket(config.listen, reuse_port=config.workers > 1)
-        self.server = ProxyServer(
-            listener, make_app(self.proxy), spawn=gevent.pool.Pool(), max_connections=limits.max_connections,
-            handler_class=handler_for(limits), log=None, error_log=_PywsgiErrors(),
-        )
+        worker = self.worker
+        app = make_app(self.proxy)
+        self.server = self._proxy_server(worker.public if worker else listen_socket(config.listen), app)
         self.server.start()
-        if config.admin is not None:
+        if worker is not None:
+            self.private_server = self._proxy_server(worker.private, app)
+            self.private_server.start()
+            self.admin_server = WSGIServer(worker.admin, make_admin_app(self), log=None, error_log=_PywsgiErrors())
+            self.admin_server.start()
+        elif config.admin is not None:
             if config.admin.host not in ("127.0.0.1", "::1", "localhost"):
                 log.warning("admin API listens on %s, not on loopback: anyone who can reach it sees /status",
                             config.admin)
@@ -167,9 +174,15 @@ class Runtime:
         gevent.signal_handler(signal.SIGTERM, self._on_stop_signal)
         gevent.signal_handler(signal.SIGINT, self._on_stop_signal)
         self.ready = True
-        log.info("activator %s listening on %s (admin %s), %d services, config %s",
-                 __version__, config.listen, config.admin or "off", len(config.services), self.path)
+        role = f"worker {worker.index} of {len(worker.addresses)}" if worker else f"admin {config.admin or 'off'}"
+        log.info("activator %s listening on %s (%s), %d services, config %s",
+                 __version__, config.listen, role, len(config.services), self.path)
         self.notifier.ready(self.summary())
+
+    def _proxy_server(self, listener: socket.socket, app: Any) -> ProxyServer:
+        limits = self.config.limits
+        return ProxyServer(listener, app, spawn=gevent.pool.Pool(), max_connections=limits.max_connections,
+                           handler_class=handler_for(limits), log=None, error_log=_PywsgiErrors())
 
     def serve_forever(self) -> int:
         self._stopped.wait()
@@ -208,9 +221,10 @@ class Runtime:
         self.config = new
         self.topology.apply(new, time.monotonic())
         self.observer.access_log = new.access_log
-        if self.server is not None:
-            self.server.handler_class = handler_for(new.limits)
-            self.server.max_connections = new.limits.max_connections
+        for server in (self.server, self.private_server):
+            if server is not None:
+                server.handler_class = handler_for(new.limits)
+                server.max_connections = new.limits.max_connections
         self.proxy.self_name = new.activators.self_name if new.activators else ""
         if new.statsd != old.statsd:
             self.observer.metrics.stop()
@@ -252,10 +266,9 @@ class Runtime:
             gevent.sleep(0.05)
         if self.proxy.active:
             log.warning("grace period over with %d requests unfinished", self.proxy.active)
-        if self.server is not None:
-            self.server.stop(timeout=1)
-        if self.admin_server is not None:
-            self.admin_server.stop(timeout=1)
+        for server in (self.server, self.private_server, self.admin_server):
+            if server is not None:
+                server.stop(timeout=1)
         for greenlet in self._greenlets:
             greenlet.kill(block=False)
         self.prober.stop()
@@ -274,7 +287,7 @@ class Runtime:
             "ready": self.ready and not self.stopping,
             "stopping": self.stopping,
             "uptime_seconds": round(now - self.started, 3),
-            "worker": {"index": self.topology.worker[0], "count": self.topology.worker[1]},
+            "worker": {"index": self.topology.worker_index, "count": len(self.topology.workers) or 1},
             "activator": {
                 "self": peers.self_name if peers else None,
                 "peers": {name: str(addr) for name, addr in sorted(peers.peers.items())} if peers else {},
@@ -310,14 +323,23 @@ def setup_logging() -> None:
 
 
 def run(config_path: str) -> int:
-    """``activator run``: serve until stopped. Returns the exit code."""
+    """``activator run``: serve until stopped. Returns the exit code.
+
+    With ``workers: N > 1`` this process becomes the supervisor of N workers
+    (``workers.py``); a worker is this same command started by the supervisor.
+    """
     setup_logging()
     try:
         config = load_config(config_path)
     except ConfigError as error:
         print(f"activator: {error}", file=sys.stderr)
         return 2
-    runtime = Runtime(config)
+    worker = WorkerSockets.from_env()
+    if worker is None and config.workers > 1:
+        from .workers import Supervisor
+
+        return Supervisor(config).run()
+    runtime = Runtime(config, worker=worker)
     try:
         runtime.start()
     except OSError as error:

@@ -10,20 +10,22 @@ from gevent import monkey
 
 monkey.patch_all()
 
+import dataclasses  # noqa: E402
 import logging  # noqa: E402
 import socket  # noqa: E402
 import time  # noqa: E402
-from collections.abc import Iterator  # noqa: E402
+from collections.abc import Callable, Iterator  # noqa: E402
+from typing import Any  # noqa: E402
 
 import gevent  # noqa: E402
 import pytest  # noqa: E402
 
-from activator.core.config import Address, Config, PodConfig, ServiceConfig, StatsdConfig  # noqa: E402
+from activator.core.config import Address, Config, PodConfig, ProbeConfig, ServiceConfig, StatsdConfig  # noqa: E402
 from activator.core.states import PodEvent, PodState  # noqa: E402
 from activator.core.topology import Topology  # noqa: E402
 from activator.core.throttler import Grant, Transition  # noqa: E402
 from activator.metrics import StatsdMetrics, make_metrics, pod_id  # noqa: E402
-from activator.observe import NoMetrics, RequestRecord  # noqa: E402
+from activator.observe import MetricsSink, NoMetrics, RequestRecord  # noqa: E402
 
 POD_A = "127.0.0.1:8001"
 POD_B = "127.0.0.1:8002"
@@ -72,10 +74,10 @@ def service(name: str = "api", cc: int = 1, pods: tuple[str, ...] = (POD_A,), qu
                          pods=tuple(pod(p) for p in pods))
 
 
-def topology(*services: ServiceConfig, statsd: StatsdConfig | None = None,
-             worker: tuple[int, int] = (0, 1)) -> Topology:
-    config = Config(path="test.yaml", statsd=statsd, services={s.name: s for s in services})
-    return Topology(config, time.monotonic(), worker=worker)
+def topology(*services: ServiceConfig, on_transition: Callable[[Transition], None] | None = None,
+             **worker: Any) -> Topology:
+    config = Config(path="test.yaml", services={s.name: s for s in services})
+    return Topology(config, time.monotonic(), on_transition=on_transition, **worker)
 
 
 def statsd(receiver: Receiver, tags: bool = False, host: str = "127.0.0.1") -> StatsdConfig:
@@ -198,8 +200,8 @@ def test_gauges(receiver: Receiver) -> None:
                      "t.api.pods.pending:0|g", "t.api.pods.draining:0|g", "t.free.in_flight:0|g",
                      "t.free.pods.healthy:1|g", f"t.free.pod.{a}.in_flight:0|g"):
         assert expected in lines
-    assert sorted(line for line in lines if ".api.pod." in line) == [f"t.api.pod.{a}.in_flight:1|g",
-                                                                      f"t.api.pod.{b}.in_flight:1|g"]
+    assert sorted(line for line in lines if ".api.pod." in line) == [f"t.api.pod.{a}.in_flight:2|g",
+                                                                      f"t.api.pod.{b}.in_flight:0|g"]
     assert not any(line.startswith("t.free.capacity") for line in lines), "unlimited: no capacity gauge"
     assert all(line.endswith("|g") for line in lines), "no counter without a failure"
 
@@ -210,12 +212,13 @@ def test_queued_and_draining(receiver: Receiver) -> None:
     assert isinstance(sink, StatsdMetrics)
     grant(topo)
     assert not isinstance(topo.services["api"].acquire(time.monotonic(), lambda: None), Grant)
-    topo.apply(Config(path="test.yaml", services={"api": service(cc=1, pods=(POD_B,))}), time.monotonic())
-    receiver.datagrams()  # transitions
+    probed = dataclasses.replace(service(cc=1, pods=(POD_B,)), probe=ProbeConfig())
+    topo.apply(Config(path="test.yaml", services={"api": probed}), time.monotonic())
     sink.flush()
     lines = receiver.lines()
-    for expected in ("t.api.queued:1|g", "t.api.in_flight:1|g", "t.api.pods.draining:1|g",
-                     "t.api.pods.healthy:1|g", "t.api.capacity:1|g", f"t.api.pod.{pod_id(POD_A)}.in_flight:1|g"):
+    for expected in ("t.api.queued:1|g", "t.api.in_flight:1|g", "t.api.pods.draining:1|g", "t.api.pods.pending:1|g",
+                     "t.api.pods.healthy:0|g", "t.api.capacity:0|g", f"t.api.pod.{pod_id(POD_A)}.in_flight:1|g",
+                     f"t.api.pod.{pod_id(POD_B)}.in_flight:0|g"):
         assert expected in lines
 
 
@@ -247,9 +250,8 @@ def test_failure_counters_are_increases_since_the_last_flush(receiver: Receiver)
     throttler.record_failure(g, "connect_errors", now)
     throttler.record_failure(g, "connect_errors", now)
     throttler.record_failure(g, "timeouts", now)
-    throttler.trackers[POD_A].state = PodState.PENDING  # counted as "unhealthy": summed all the same
-    throttler.record_failure(g, "connect_errors", now)
-    throttler.trackers[POD_A].state = PodState.HEALTHY
+    # what record_failure counts for a pod that was not healthy when chosen: summed all the same
+    throttler.trackers[POD_A].failure_counts[("connect_errors", "unhealthy")] = 1
     sink.flush()
     counters = [line for line in receiver.lines() if line.endswith("|c")]
     assert sorted(counters) == [f"t.api.pod.{a}.connect_errors:3|c", f"t.api.pod.{a}.timeouts:1|c"]
@@ -274,11 +276,17 @@ def test_failures_before_the_sink_existed_are_not_sent(receiver: Receiver) -> No
 
 
 def test_removed_pod_sends_its_last_failures_then_a_zero_gauge(receiver: Receiver) -> None:
-    topo = topology(service(pods=(POD_A, POD_B)))
+    sinks: list[MetricsSink] = []  # wired as the server does (through the Observer)
+
+    def on_transition(transition: Transition) -> None:
+        for sink in sinks:
+            sink.transition(transition)
+
+    topo = topology(service(pods=(POD_A, POD_B)), on_transition=on_transition)
     throttler = topo.services["api"]
     sink = make_metrics(statsd(receiver), topo)
     assert isinstance(sink, StatsdMetrics)
-    topo.services["api"]._on_transition = sink.transition  # as the server wires it (through the Observer)
+    sinks.append(sink)
     a = pod_id(POD_A)
     g = grant(topo)
     assert g.pod.address == POD_A
@@ -305,7 +313,8 @@ def test_transition_counter(receiver: Receiver) -> None:
 
 
 def test_workers_tag_their_gauges_only(receiver: Receiver) -> None:
-    topo = topology(service(), worker=(1, 2))
+    topo = topology(service(), worker_index=1, workers=("127.0.0.1:9001", "127.0.0.1:9002"))
+    assert topo.worker == (1, 2)
     sink = make_metrics(statsd(receiver), topo)
     assert isinstance(sink, StatsdMetrics)
     sink.request_done(record())

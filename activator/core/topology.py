@@ -10,7 +10,8 @@ tick all come through here, from one greenlet of the shell. Requests only call
 from __future__ import annotations
 
 import random
-from typing import Any, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
 
 from . import slots as slot_division
 from .config import Config, ServiceConfig
@@ -37,20 +38,28 @@ class Topology:
         config: Config,
         now: float,
         *,
-        worker: tuple[int, int] = (0, 1),
+        worker_index: int = 0,
+        workers: Sequence[str] = (),
         rng: random.Random | None = None,
         on_transition: Callable[[Transition], None] | None = None,
     ) -> None:
         self._rng = rng
         self._on_transition = on_transition
-        #: (index, count) of this process among the activator's workers.
-        self.worker = worker
+        #: This process's index among the activator's worker processes, and the private
+        #: loopback address of each worker (empty: a single process).
+        self.worker_index = worker_index
+        self.workers = tuple(workers)
         self.services: dict[str, ServiceThrottler] = {}
         self._by_host: dict[str, ServiceThrottler] = {}
         self._catch_all: ServiceThrottler | None = None
-        self._forwards: dict[str, str] = {}
+        self._forwards: dict[str, Forward] = {}
         self.config = config
         self.apply(config, now)
+
+    @property
+    def worker(self) -> tuple[int, int]:
+        """(index, count) of this process among the activator's workers."""
+        return self.worker_index, max(1, len(self.workers))
 
     def route(self, host_header: str) -> ServiceThrottler:
         """The service for a Host header; raises UnknownHost."""
@@ -62,7 +71,7 @@ class Topology:
     def apply(self, config: Config, now: float) -> None:
         """Make the running state follow ``config``; keeps every tracker and waiter."""
         self.config = config
-        self._forwards = {}
+        self._forwards.clear()
         for name, service_config in config.services.items():
             owned, forward = self._division(service_config)
             if forward is not None:
@@ -92,29 +101,38 @@ class Topology:
         """Slots of each pod owned by this process; None when it owns them all."""
         return self._division(service)[0]
 
-    def forward_peer(self, service: str) -> str | None:
-        """The peer (``host:port``) to forward this service's requests to, when this
-        activator owns none of its slots (fewer slots than activators); else None."""
+    def forward_target(self, service: str) -> Forward | None:
+        """Where to send this service's requests when this process owns none of its
+        slots (fewer slots than activators or workers); None when it owns some."""
         return self._forwards.get(service)
 
-    def _division(self, service: ServiceConfig) -> tuple[Mapping[str, int] | None, str | None]:
-        """(slots owned by this process, peer to forward to when it owns none)."""
+    def _division(self, service: ServiceConfig) -> tuple[Mapping[str, int] | None, Forward | None]:
+        """(slots owned by this process, where to forward when it owns none).
+
+        Slots are divided among the activators first, then this activator's share
+        among its workers, with the same function.
+        """
         peers = self.config.activators
-        index, count = self.worker
         several = peers is not None and len(peers.peers) > 1
-        if not several and count == 1:
+        if not several and len(self.workers) <= 1:
             return None, None
         limits = {pod.address: service.container_concurrency for pod in service.pods if not pod.drain}
-        forward = None
+        limited = service.container_concurrency > 0 and bool(limits)
         if peers is not None and several:
             division = slot_division.divide_slots(limits, sorted(peers.peers))
             limits = division[peers.self_name]
-            if service.container_concurrency > 0 and not limits:
-                forward = _forward_choice(division, peers.self_name)
-                forward = str(peers.peers[forward]) if forward else None
-        if count > 1:
-            limits = slot_division.owned_slots(limits, [str(i) for i in range(count)], str(index))
-        return limits, forward
+            if limited and not limits:
+                owner = _forward_choice(division, peers.self_name)
+                return limits, Forward(str(peers.peers[owner]), "peer")
+        if len(self.workers) > 1:
+            names = [str(i) for i in range(len(self.workers))]
+            me = str(self.worker_index)
+            division = slot_division.divide_slots(limits, names)
+            if limited and limits and not division[me]:
+                owner = _forward_choice(division, me)
+                return {}, Forward(self.workers[int(owner)], "worker")
+            limits = division[me]
+        return limits, None
 
     def tick(self, now: float) -> None:
         """Periodic housekeeping (drain timeouts, retired services)."""
@@ -126,7 +144,8 @@ class Topology:
         services = {}
         for name, throttler in sorted(self.services.items()):
             services[name] = throttler.snapshot(now)
-            services[name]["forward_to"] = self._forwards.get(name)
+            forward = self._forwards.get(name)
+            services[name]["forward_to"] = f"{forward.kind} {forward.address}" if forward else None
         return services
 
     def check_invariants(self) -> None:
@@ -139,10 +158,17 @@ class Topology:
                 del self.services[name]
 
 
-def _forward_choice(division: Mapping[str, Mapping[str, int]], me: str) -> str | None:
-    """Among the peers owning slots, the one ``me`` forwards to: the best rendezvous
-    score for ``me``, so forwarders spread over the owners and the choice is stable."""
+@dataclass(frozen=True)
+class Forward:
+    """Send the service's requests to ``address``: a peer activator's proxy port
+    (kind "peer") or a sibling worker's private port (kind "worker")."""
+
+    address: str
+    kind: str
+
+
+def _forward_choice(division: Mapping[str, Mapping[str, int]], me: str) -> str:
+    """Among the owners of slots (there is one), the one ``me`` forwards to: the best
+    rendezvous score for ``me``, so forwarders spread over the owners, stably."""
     owners = [peer for peer, owned in division.items() if owned]
-    if not owners:
-        return None
     return max(owners, key=lambda peer: slot_division.score(peer, me))

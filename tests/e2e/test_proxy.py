@@ -461,7 +461,10 @@ def test_status_counts_return_to_zero_after_mixed_load(pod_factory, activator_fa
              "/status?code=304", "/sse?n=3&gap_ms=20", "/status?code=500"]
 
     def one(i: int) -> int:
-        method = "HEAD" if i % 5 == 0 else "GET"
+        # HEAD only where the pod's work ends with its head: pywsgi runs a streaming
+        # app (download, sse) to its end even for HEAD, after the (complete) HEAD
+        # response went out, which the pod would count as still in flight.
+        method = "HEAD" if i % 5 == 0 and paths[i % len(paths)].startswith(("/delay", "/echo")) else "GET"
         return request(act.listen, method, paths[i % len(paths)]).status
 
     statuses = concurrent_requests(28, one)
