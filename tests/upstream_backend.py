@@ -58,8 +58,9 @@ class WsgiBackend:
       the request's Content-Length / Transfer-Encoding and the connection's client port.
     - ``/bytes/<n>``: ``pattern(n)`` with Content-Length (empty body for HEAD).
     - ``/status/<code>``: an empty response with that status.
-    - ``/slow``: 5 chunks, chunked; before sending chunk i+1 it waits up to 0.3 s for
-      ``acks[i]`` (set by the test when it got chunk i). Each step is logged in ``log``.
+    - ``/slow``: 5 chunks, chunked, 0.3 s apart; the wait before chunk i+1 ends early
+      when the test sets ``acks[i]`` (it got chunk i), so a streaming client runs fast
+      and a buffering one is slow and fails the ordering check. Steps go to ``log``.
     """
 
     def __init__(self) -> None:
