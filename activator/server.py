@@ -169,7 +169,7 @@ class Runtime:
         ]
         interval = self.notifier.watchdog_interval()
         if interval:
-            self._greenlets.append(gevent.spawn(run_watchdog, self.notifier, lambda: not self._stopped.is_set()))
+            self._greenlets.append(gevent.spawn(run_watchdog, self.notifier, lambda: True))  # a stuck loop stops it
         gevent.signal_handler(signal.SIGHUP, self._on_sighup)
         gevent.signal_handler(signal.SIGTERM, self._on_stop_signal)
         gevent.signal_handler(signal.SIGINT, self._on_stop_signal)

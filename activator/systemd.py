@@ -77,9 +77,7 @@ class Notifier:
                 self._target = self.address
 
     @classmethod
-    def from_env(
-        cls, environ: Mapping[str, str] | None = None, *, unset: bool = False
-    ) -> Notifier:
+    def from_env(cls, environ: Mapping[str, str] | None = None, *, unset: bool = False) -> Notifier:
         """The notifier systemd asked for through ``$NOTIFY_SOCKET`` (no-op if unset).
 
         ``unset=True`` removes ``NOTIFY_SOCKET``, ``WATCHDOG_USEC`` and ``WATCHDOG_PID``
@@ -115,7 +113,8 @@ class Notifier:
         Newlines inside a field's value are replaced by spaces (a newline would start
         a new assignment). Does not yield; never raises.
         """
-        if self._target is None:
+        target = self._target
+        if target is None:
             return False
         lines = [] if raw is None else [raw]
         for key, value in fields.items():
@@ -125,9 +124,9 @@ class Notifier:
             lines.append(f"{key}={text}")
         if not lines:
             return False
-        return self._send("\n".join(lines).encode("utf-8", "replace"))
+        return self._send(target, "\n".join(lines).encode("utf-8", "replace"))
 
-    def _send(self, data: bytes) -> bool:
+    def _send(self, target: str | bytes, data: bytes) -> bool:
         try:
             sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_DGRAM)
         except OSError as exc:
@@ -135,7 +134,7 @@ class Notifier:
             return False
         try:
             sock.setblocking(False)
-            sock.sendto(data, self._target)
+            sock.sendto(data, target)
             return True
         except OSError as exc:
             log.debug("sd_notify to %s failed: %s", self.address, exc)
@@ -190,7 +189,10 @@ def run_watchdog(
     ``gevent.spawn(run_watchdog, notifier, server.is_alive)``. The pings come from the
     event loop, so a loop that stops turning stops them. When ``is_alive()`` is false
     (or raises) the ping is skipped, and systemd restarts the service once
-    ``WatchdogSec`` passes without one. ``sleep`` defaults to ``gevent.sleep``.
+    ``WatchdogSec`` passes without one. systemd stops enforcing the watchdog once the
+    service is stopping (after ``STOPPING=1`` or SIGTERM; checked on systemd 252 with a
+    drain longer than ``WatchdogSec``), so at stop simply kill this greenlet: an
+    ``is_alive()`` that turns false logs a warning. ``sleep`` defaults to ``gevent.sleep``.
     """
     interval = notifier.watchdog_interval()
     if interval is None:

@@ -220,7 +220,7 @@ class Supervisor:
         gevent.signal_handler(signal.SIGTERM, self._on_stop_signal)
         gevent.signal_handler(signal.SIGINT, self._on_stop_signal)
         if self.notifier.watchdog_interval():
-            gevent.spawn(run_watchdog, self.notifier, lambda: not self._done.is_set())
+            gevent.spawn(run_watchdog, self.notifier, lambda: True)
         gevent.spawn(self._announce_ready)
         self._done.wait()
         gevent.killall(watchers)

@@ -190,7 +190,7 @@ def test_a_dead_socket_never_raises() -> None:
 
 def test_a_full_receiver_never_blocks(receiver: tuple[socket.socket, str]) -> None:
     """A receiver that stops reading fills up; sends then fail at once instead of blocking."""
-    sock, path = receiver
+    _, path = receiver
     n = Notifier(path)
 
     def hung(signum: int, frame: object) -> None:
@@ -338,7 +338,8 @@ def verify(unit_text: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
     assert SYSTEMD_ANALYZE is not None
     copy = tmp_path / "activator.service"
     assert unit_text.count(f"ExecStart={EXEC_START}") == 1
-    copy.write_text(unit_text.replace(f"ExecStart={EXEC_START}", "ExecStart=/bin/true " + EXEC_START.split(" ", 1)[1]))
+    args = EXEC_START.split(" ", 1)[1]
+    copy.write_text(unit_text.replace(f"ExecStart={EXEC_START}", f"ExecStart=/bin/true {args}"))
     return subprocess.run(
         [SYSTEMD_ANALYZE, "verify", str(copy)],
         capture_output=True,

@@ -1,9 +1,22 @@
-"""The configuration model: frozen values, validated strictly.
+"""The configuration model: frozen values, validated strictly, and what a change means.
 
-This module decides what a valid configuration is. It takes plain data (dicts,
-lists, scalars, as a YAML parser returns them) plus a way to find the line of
-each key, and returns a frozen ``Config`` or raises ``ConfigError`` naming file,
-line and key. It never reads files itself (``activator.configfile`` does).
+This module decides what a valid configuration is. ``parse_config`` takes plain data
+(dicts, lists, scalars, as a YAML parser returns them) plus a way to find the line of
+each key, and returns a frozen ``Config`` or raises ``ConfigError`` naming file, line
+and key. It never reads files itself (``activator.configfile`` does).
+
+Rules: unknown keys are errors at every level; integers are ints (not bools or floats);
+durations are seconds or strings with a unit (``250ms``, ``30s``, ``5m``, ``1h``);
+addresses are ``host:port`` with IPv6 in brackets, stored canonically (lower-case,
+compressed IPv6) because a pod's address is its tracker's key, and ``hosts`` in the
+form ``normalize_host`` gives a Host header; a host, a pod address
+or the ``*`` catch-all belongs to one service only; only ``listen`` and ``admin`` may
+use 0.0.0.0. An empty file is an error (an editor's truncated write must not drain
+every pod), an explicit ``{}`` or ``services: {}`` is a proxy serving nothing yet.
+
+``diff_configs`` decides what going from one valid config to another means: pods to
+add, drain, undrain or unlist per service, settings changed live, and settings that
+need a restart (listen, admin, workers). ``describe_config`` is what ``check`` prints.
 """
 
 from __future__ import annotations
@@ -163,20 +176,18 @@ def render_key_path(path: KeyPath) -> str:
 
 
 def normalize_host(value: str) -> str:
-    """The routing key of a Host header value: lower-cased, without ``:port`` or a trailing dot.
+    """The routing key of a Host header value: lower-cased, without ``:port``.
 
-    IPv6 literals are bracketed and compressed (``[::1]``), as in a Host header. The
-    config's ``hosts`` are stored in this form, so the router must look Host headers up
-    with this same function. Does not validate and never raises.
+    IPv6 literals lose their brackets and are compressed (``[0:0::1]:80`` -> ``::1``),
+    like ``Address.host``. The config's ``hosts`` are stored in this form, so the router
+    should look Host headers up with this same function. Does not validate, never raises.
     """
     host = value.strip().lower()
     if host.startswith("["):
-        inner = host[1:].partition("]")[0]
-    elif host.count(":") > 1:
-        inner = host
-    else:
-        return host.partition(":")[0].removesuffix(".")
-    return f"[{ipaddress.IPv6Address(inner).compressed}]" if _is_ipv6(inner) else f"[{inner}]"
+        host = host[1:].partition("]")[0]
+    elif host.count(":") == 1:
+        return host.partition(":")[0]
+    return ipaddress.IPv6Address(host).compressed if _is_ipv6(host) else host
 
 
 def _is_ipv6(text: str) -> bool:
@@ -565,7 +576,7 @@ class _Parser:
             name, colon, port = text.partition(":")
             valid = not colon or (port.isascii() and port.isdigit())
             if valid:
-                self.hostname(name.removesuffix("."), path)
+                self.hostname(name, path)
         if not valid:
             raise self.fail(
                 path,
