@@ -90,14 +90,15 @@ def forwarded_headers(env: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 def request_body(env: dict[str, Any]) -> tuple[Any, int | None]:
-    """(body, length) for the upstream request: (None, 0) when there is no body."""
+    """(body, length) for the upstream request, framed as the client framed it:
+    a length, chunked (body, None), or no body and no framing header (None, None)."""
     length = env.get("CONTENT_LENGTH")
     if length:
         n = int(length)
         return (env["wsgi.input"], n) if n else (None, 0)
     if "HTTP_TRANSFER_ENCODING" in env:  # the handler let only "chunked" through
         return env["wsgi.input"], None
-    return None, 0
+    return None, None
 
 
 def render_error(resp: falcon.Response, error: ActivatorError) -> None:

@@ -24,6 +24,8 @@ import random
 from collections import deque
 from typing import Protocol
 
+from .config import resolve_lb_policy
+
 
 class Pickable(Protocol):
     address: str
@@ -40,17 +42,6 @@ class Policy(Protocol):
     def pick(self) -> Pickable | None: ...
     def __len__(self) -> int: ...
     def __contains__(self, pod: object) -> bool: ...
-
-
-def resolve(policy: str, container_concurrency: int) -> str:
-    """The concrete policy name for ``auto`` (and any other name unchanged)."""
-    if policy != "auto":
-        return policy
-    if container_concurrency == 0:
-        return "least-in-flight"
-    if container_concurrency <= 3:
-        return "first-available"
-    return "round-robin"
 
 
 class FirstAvailable:
@@ -193,7 +184,7 @@ class LeastInFlight:
 
 def make_policy(name: str, container_concurrency: int, rng: random.Random | None = None) -> Policy:
     """A fresh, empty policy for ``name`` (``auto`` resolved by ``container_concurrency``)."""
-    concrete = resolve(name, container_concurrency)
+    concrete = resolve_lb_policy(name, container_concurrency)
     if concrete == "first-available":
         return FirstAvailable()
     if concrete == "round-robin":

@@ -28,9 +28,9 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-from .config import ServiceConfig
 from .errors import QueueFull
-from .lb import Policy, make_policy, resolve
+from .config import ServiceConfig, resolve_lb_policy
+from .lb import Policy, make_policy
 from .states import PodEvent, PodState, next_state
 
 HEALTHY = PodState.HEALTHY
@@ -232,7 +232,7 @@ class ServiceThrottler:
         old_probe = self.config.probe if self.trackers else config.probe
         self.config = config
         cc = config.container_concurrency
-        if resolve(config.lb_policy, cc) != self.policy.name:
+        if resolve_lb_policy(config.lb_policy, cc) != self.policy.name:
             self.policy = make_policy(config.lb_policy, cc, self._rng)
         listed = {pod.address: pod for pod in config.pods}
         for address, tracker in list(self.trackers.items()):

@@ -14,20 +14,14 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 from . import slots as slot_division
-from .config import Config, ServiceConfig
+from .config import Config, ServiceConfig, normalize_host
 from .errors import UnknownHost
 from .throttler import ServiceThrottler, Transition
 
 
-def host_of(header: str) -> str:
-    """The Host header without its port, lower-cased (``[::1]:80`` -> ``::1``)."""
-    host = header.strip().lower()
-    if host.startswith("["):
-        end = host.find("]")
-        return host[1:end] if end > 0 else host
-    if host.count(":") == 1:
-        return host.split(":", 1)[0]
-    return host
+#: Distinct Host headers remembered by ``route`` before the memo starts over.
+ROUTE_CACHE_SIZE = 4096
+_UNSEEN = object()
 
 
 class Topology:
@@ -53,6 +47,8 @@ class Topology:
         self._by_host: dict[str, ServiceThrottler] = {}
         self._catch_all: ServiceThrottler | None = None
         self._forwards: dict[str, Forward] = {}
+        # Host header as received -> service (None: unknown), rebuilt on every apply.
+        self._route_cache: dict[str, ServiceThrottler | None] = {}
         self.config = config
         self.apply(config, now)
 
@@ -63,10 +59,15 @@ class Topology:
 
     def route(self, host_header: str) -> ServiceThrottler:
         """The service for a Host header; raises UnknownHost."""
-        service = self._by_host.get(host_of(host_header), self._catch_all)
+        cache = self._route_cache
+        service = cache.get(host_header, _UNSEEN)
+        if service is _UNSEEN:
+            if len(cache) >= ROUTE_CACHE_SIZE:
+                cache.clear()  # bounded: Host headers are client input
+            service = cache[host_header] = self._by_host.get(normalize_host(host_header), self._catch_all)
         if service is None:
             raise UnknownHost()
-        return service
+        return service  # type: ignore[return-value]
 
     def apply(self, config: Config, now: float) -> None:
         """Make the running state follow ``config``; keeps every tracker and waiter."""
@@ -89,6 +90,7 @@ class Topology:
                 throttler.apply(retired, now, {})
         self._by_host = {}
         self._catch_all = None
+        self._route_cache = {}
         for name, service_config in config.services.items():
             for host in service_config.hosts:
                 if host == "*":

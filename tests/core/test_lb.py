@@ -8,7 +8,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from activator.core.lb import FirstAvailable, LeastInFlight, RoundRobin, make_policy, resolve
+from activator.core.config import resolve_lb_policy as resolve
+from activator.core.lb import FirstAvailable, LeastInFlight, RoundRobin, make_policy
 
 
 @dataclass(eq=False)

@@ -285,9 +285,9 @@ def test_pod_failing_its_probe_gets_nothing_until_it_passes(pod_factory, activat
     st = act.status()
     assert pod_state(st, SERVICE, sick.address) == "pending"
     assert svc_status(st)["capacity"] == 0
-    # Let several probes fail (the pod's /healthz is not counted as work).
-    wait_until(lambda: (p := pod_in(act.status(), sick)) is not None and p["failures"] >= 3,
-               message="several probes failed")
+    # Give several probes (every 200 ms) the time to fail: /status does not count
+    # failed probes of a pending pod, so wait on its time in state.
+    act.wait_for(lambda st: pod_in(st, sick)["seconds_in_state"] >= 1.0, message="probes had time to run")
     assert pod_state(act.status(), SERVICE, sick.address) == "pending"
 
     resp = get(act)
@@ -305,7 +305,8 @@ def test_pod_failing_its_probe_gets_nothing_until_it_passes(pod_factory, activat
 def test_queued_request_is_served_once_the_probe_passes(pod_factory, activator_factory):
     (sick,) = pod_factory(1, fail_health=True)
     act = start(activator_factory, make_config([sick], probe=probe(), queue_timeout="30s"))
-    act.wait_for(lambda st: pod_in(st, sick)["failures"] >= 1, message="a probe failed")
+    act.wait_for(lambda st: pod_in(st, sick)["seconds_in_state"] >= 0.6, message="probes had time to run")
+    assert pod_state(act.status(), SERVICE, sick.address) == "pending"
 
     waiting = start_request(act.listen, path="/delay?ms=10")
     try:
@@ -330,7 +331,7 @@ def test_new_pod_under_probe_starts_pending_and_serves_only_after_passing(pod_fa
     act.rewrite_config(make_config([b, a], probe=probe()))  # b first: preferred once healthy
     st = act.wait_for(lambda st: pod_in(st, b) is not None, message="b listed")
     assert pod_state(st, SERVICE, b.address) == "pending"
-    act.wait_for(lambda st: pod_in(st, b)["failures"] >= 2, message="b failed probes")
+    act.wait_for(lambda st: pod_in(st, b)["seconds_in_state"] >= 1.0, message="probes had time to run")
 
     results = concurrent_requests(4, lambda i: get(act, "/delay?ms=50"))
     assert [r.status for r in results] == [200] * 4
