@@ -70,14 +70,12 @@ _numeric_getaddrinfo = get_original("socket", "getaddrinfo")
 
 _REJECTED = {"queue-full": "queue_full", "queue-timeout": "queue_timeout", "shutting-down": "shutting_down"}
 _POD_STATES = (PodState.HEALTHY, PodState.PENDING, PodState.DRAINING)
+_POD_ID = str.maketrans({".": "_", ":": "_", "[": "_", "]": "_"})
 
 
 def pod_id(address: str) -> str:
     """The ``{pod}`` segment: ``10.0.1.5:8000`` -> ``10_0_1_5_8000``."""
     return address.translate(_POD_ID)
-
-
-_POD_ID = str.maketrans({".": "_", ":": "_", "[": "_", "]": "_"})
 
 
 class _Client(StatsClient):  # type: ignore[misc]
@@ -120,7 +118,7 @@ class _Namer:
             tags = ",".join(f"{key}:{value}" for key, value in
                             (("service", service), ("pod", pod), ("worker", worker)) if value is not None)
             name = [self.prefix, "pod", metric] if pod is not None else [self.prefix, metric]
-            return ".".join(name) + ":", f"|{kind}|#{tags}" if tags else f"|{kind}"
+            return ".".join(name) + ":", (f"|{kind}|#{tags}" if tags else f"|{kind}")
         parts = [self.prefix]
         if service is not None:
             parts.append(service)
@@ -249,11 +247,11 @@ class StatsdMetrics:
     def request_done(self, record: RequestRecord) -> None:
         """One datagram for one request. Does not yield, never raises."""
         client = self._client
-        if client is None or record.service == "-":
+        if client is None or record.service == "-" or record.relayed:
             return
         try:
             names = self._services.get(record.service) or self._service(record.service)
-            pipe = _Pipeline(client)
+            pipe = client.pipeline()
             pipe.line(names.requests)
             response = names.responses.get(record.status // 100)
             if response is not None:
@@ -277,7 +275,7 @@ class StatsdMetrics:
             return
         try:
             names = self._services.get(transition.service) or self._service(transition.service)
-            pipe = _Pipeline(client)
+            pipe = client.pipeline()
             pipe.line(names.transitions[transition.new])
             throttler = self.topology.services.get(transition.service)
             tracker = throttler.trackers.get(transition.address) if throttler is not None else None
@@ -294,7 +292,7 @@ class StatsdMetrics:
         if client is None:
             return
         try:
-            pipe = _Pipeline(client)
+            pipe = client.pipeline()
             pipe.line(self._reload[ok])
             pipe.send()
         except Exception:
@@ -307,7 +305,7 @@ class StatsdMetrics:
         client = self._client
         if client is None:
             return
-        pipe = _Pipeline(client)
+        pipe = client.pipeline()
         sent: set[tuple[str, str]] = set()
 
         def gauge(name: tuple[str, str], value: int) -> None:

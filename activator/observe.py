@@ -23,7 +23,7 @@ class RequestRecord:
     """One request's facts, filled in as it goes (times are monotonic seconds)."""
 
     __slots__ = ("start", "end", "client", "method", "target", "service", "pod", "status", "reason",
-                 "queue_wait", "upstream_start", "bytes_out", "complete")
+                 "queue_wait", "upstream_start", "bytes_out", "complete", "relayed")
 
     def __init__(self, start: float, client: str, method: str, target: str) -> None:
         self.start = start
@@ -39,6 +39,8 @@ class RequestRecord:
         self.upstream_start: float | None = None
         self.bytes_out = 0
         self.complete = False
+        # Passed to a sibling worker, which counts it itself (metrics skip it here).
+        self.relayed = False
 
     def access_line(self, wall_clock: float) -> str:
         """HAProxy-like: time client service pod status reason Tw Tr Tt bytes "request"."""

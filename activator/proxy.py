@@ -176,13 +176,13 @@ class Proxy:
         self.active += 1
         body_owner = False
         try:
-            if self.stopping:
-                raise ShuttingDown()
             if not (record.target.startswith("/") or (record.target == "*" and record.method == "OPTIONS")):
                 raise NotOriginForm()
             throttler = self.topology.route(env.get("HTTP_HOST", ""))
             record.service = throttler.name
             self.observer.request_started(throttler.name)
+            if self.stopping:
+                raise ShuttingDown()
             config = throttler.config
             target = self.topology.forward_target(throttler.name)
             if target is not None and may_forward(env.get(FORWARDED_ENV), target.kind):
@@ -269,6 +269,7 @@ class Proxy:
         The receiver queues it like its own; the marker header keeps it from going on.
         """
         record.pod = f"{target.kind}:{target.address}"
+        record.relayed = target.kind == "worker"
         headers = forwarded_headers(env)
         headers.append((FORWARDED_HEADER, f"{target.kind} {self.self_name}"))
         body, length = request_body(env)

@@ -211,7 +211,8 @@ class Runtime:
             new = gevent.get_hub().threadpool.apply(load_config, (self.path,))
         except ConfigError as error:
             self.last_error = str(error)
-            self.observer.reload(False)
+            if self.topology.worker_index == 0:  # one count per activator, not per worker
+                self.observer.reload(False)
             log.error("config reload (%s) failed, keeping the running config: %s", reason, error)
             self.notifier.ready(f"reload failed: {error}")
             return
@@ -232,7 +233,8 @@ class Runtime:
             self.observer.metrics.start()
         self.loaded_at = time.time()
         self.last_error = None
-        self.observer.reload(True)
+        if self.topology.worker_index == 0:
+            self.observer.reload(True)
         self.prober.sync()
         if diff.is_empty():
             log.info("config reload (%s): no change", reason)

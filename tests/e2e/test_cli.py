@@ -1,0 +1,210 @@
+"""End to end: the command line (``activator --version / check / status / run``).
+
+Runs the real CLI as a subprocess through ``harness.run_cli`` (``$ACTIVATOR_BIN`` when
+set, else ``python -m activator``). Exit codes per SPEC.md: 0 clean, 1 runtime failure,
+2 bad configuration or usage; errors name ``file:line: key: message``.
+"""
+
+from __future__ import annotations
+
+import re
+import textwrap
+from pathlib import Path
+
+import pytest
+from harness import LOCALHOST, free_ports, request, run_cli
+
+from activator import __version__
+
+pytestmark = pytest.mark.binary
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_text(textwrap.dedent(text).lstrip("\n"))
+    return path
+
+
+GOOD = """
+    listen: 127.0.0.1:18080
+    admin: 127.0.0.1:19090
+    services:
+      api:
+        hosts: [api.example.com]
+        container_concurrency: 1
+        pods:
+          - 127.0.0.1:8001
+          - 127.0.0.1:8002
+      batch:
+        hosts: [batch.example.com, "*"]
+        container_concurrency: 4
+        pods:
+          - 127.0.0.1:8101
+"""
+
+
+def test_version():
+    result = run_cli(["--version"])
+    assert result.returncode == 0, result.stderr
+    out = result.stdout + result.stderr
+    assert __version__ in out
+    assert re.search(r"\d+\.\d+\.\d+", out)
+
+
+def test_check_good_file_prints_services(tmp_path):
+    good = write(tmp_path / "good.yaml", GOOD)
+    result = run_cli(["check", "-c", str(good)], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "valid" in out
+    for text in ("api", "batch", "api.example.com", "127.0.0.1:8001", "127.0.0.1:8002", "127.0.0.1:8101"):
+        assert text in out, f"{text!r} missing from:\n{out}"
+
+
+def test_check_config_from_environment(tmp_path):
+    good = write(tmp_path / "env.yaml", GOOD)
+    result = run_cli(["check"], env={"ACTIVATOR_CONFIG": str(good)}, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "127.0.0.1:8101" in result.stdout
+
+
+def test_check_bad_port_exits_2_naming_file_line_and_key(tmp_path):
+    bad = write(
+        tmp_path / "bad.yaml",
+        """
+        listen: 127.0.0.1:18080
+        services:
+          api:
+            hosts: [api.example.com]
+            pods:
+              - 127.0.0.1:8001
+              - 127.0.0.1:70000
+        """,
+    )
+    result = run_cli(["check", "-c", "bad.yaml"], cwd=tmp_path)
+    assert result.returncode == 2
+    assert re.search(r"bad\.yaml:7: services\.api\.pods\[1\]: .*70000", result.stderr), result.stderr
+    assert "port" in result.stderr
+
+
+def test_check_unknown_key_and_syntax_error_exit_2(tmp_path):
+    typo = write(
+        tmp_path / "typo.yaml",
+        """
+        services:
+          api:
+            hosts: [api.example.com]
+            queue_dept: 10
+            pods: [127.0.0.1:8001]
+        """,
+    )
+    result = run_cli(["check", "-c", str(typo)], cwd=tmp_path)
+    assert result.returncode == 2
+    assert re.search(r"typo\.yaml:4: services\.api(\.queue_dept)?: ", result.stderr), result.stderr
+    assert "queue_dept" in result.stderr
+
+    broken = write(tmp_path / "broken.yaml", "services:\n  api: [unclosed\n")
+    result = run_cli(["check", "-c", str(broken)], cwd=tmp_path)
+    assert result.returncode == 2
+    assert re.search(r"broken\.yaml:\d+: ", result.stderr), result.stderr
+
+
+def test_check_against_prints_the_diff(tmp_path):
+    old = write(
+        tmp_path / "old.yaml",
+        """
+        services:
+          api:
+            hosts: [api.example.com]
+            container_concurrency: 1
+            queue_timeout: 30s
+            pods:
+              - 127.0.0.1:8001
+              - 127.0.0.1:8002
+        """,
+    )
+    new = write(
+        tmp_path / "new.yaml",
+        """
+        services:
+          api:
+            hosts: [api.example.com]
+            container_concurrency: 2
+            queue_timeout: 5s
+            pods:
+              - 127.0.0.1:8002
+              - 127.0.0.1:8003
+        """,
+    )
+    result = run_cli(["check", "-c", str(new), "--against", str(old)], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+
+    def line_with(*words: str) -> str:
+        found = [line for line in lines if all(w in line.lower() for w in words)]
+        assert found, f"no line with {words} in:\n{result.stdout}"
+        return found[0]
+
+    # The diff: pods to add and to drain, limits changed (old -> new).
+    line_with("add", "127.0.0.1:8003")
+    line_with("drain", "127.0.0.1:8001")
+    assert not any("8002" in line and ("add" in line.lower() or "drain" in line.lower()) for line in lines)
+    assert not any("8003" in line and "drain" in line.lower() for line in lines)
+    assert re.search(r"1\s*->\s*2", line_with("container_concurrency", "->"))
+    assert re.search(r"30s\s*->\s*5s", line_with("queue_timeout", "->"))
+
+    same = run_cli(["check", "-c", str(old), "--against", str(old)], cwd=tmp_path)
+    assert same.returncode == 0
+    unchanged = [line for line in same.stdout.splitlines()
+                 if re.search(r"\badd\b|\bdrain\b|container_concurrency.*->|queue_timeout.*->", line)]
+    assert unchanged == [], unchanged
+
+
+def test_check_against_invalid_new_file_exits_2(tmp_path):
+    old = write(tmp_path / "old.yaml", "services:\n  api:\n    hosts: [a]\n    pods: [127.0.0.1:8001]\n")
+    new = write(tmp_path / "new.yaml", "services:\n  api:\n    hosts: [a]\n    pods: [127.0.0.1:0]\n")
+    result = run_cli(["check", "-c", str(new), "--against", str(old)], cwd=tmp_path)
+    assert result.returncode == 2
+    assert "new.yaml:" in result.stderr
+
+
+def test_status_prints_a_table_of_a_running_instance(pod_factory, activator_factory):
+    pods = pod_factory(2)
+    act = activator_factory(
+        {"access_log": False,
+         "services": {"api": {"hosts": ["*"], "container_concurrency": 1, "probe": None,
+                              "pods": [p.address for p in pods]}}}
+    )
+    assert request(act.listen, path="/delay").status == 200
+    result = run_cli(["status", "--admin", act.admin])
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "api" in out
+    for pod in pods:
+        row = [line for line in out.splitlines() if pod.address in line]
+        assert row, f"{pod.address} missing from:\n{out}"
+        assert "healthy" in row[0]
+
+
+def test_status_without_a_running_instance_fails(tmp_path):
+    (port,) = free_ports(1)
+    result = run_cli(["status", "--admin", f"{LOCALHOST}:{port}"], timeout=30)
+    assert result.returncode == 1
+    assert result.stderr.strip()
+
+
+def test_run_with_a_missing_file_exits_2(tmp_path):
+    result = run_cli(["run", "-c", str(tmp_path / "missing.yaml")], timeout=30)
+    assert result.returncode == 2
+    assert "missing.yaml" in result.stderr
+
+
+def test_run_with_an_invalid_file_exits_2(tmp_path):
+    bad = write(tmp_path / "bad.yaml", "listen: 127.0.0.1:99999\nservices: {}\n")
+    result = run_cli(["run", "-c", str(bad)], timeout=30)
+    assert result.returncode == 2
+    assert re.search(r"bad\.yaml:1: listen: ", result.stderr), result.stderr
+
+
+def test_usage_error_exits_2():
+    result = run_cli(["no-such-command"])
+    assert result.returncode == 2
