@@ -14,7 +14,14 @@ anything reaches a pod:
   Content-Length and Transfer-Encoding -> 400; a Transfer-Encoding other than
   exactly ``chunked`` -> 501 (HTTP/1.0 with any -> 400);
 - a declared body over ``limits.max_body_bytes`` -> 413 (a chunked body that grows
-  past it is cut by ``LimitedInput``).
+  past it is cut by ``LimitedInput``);
+- a request line over pywsgi's 8 KiB limit -> 414 (pywsgi's own answer, given our
+  ``X-Activator-Reason``).
+
+After a response whose request body was not read to its end (the app failed on a
+malformed chunk, a body over the limit, a client too slow to send it), the
+connection is closed: where the next request starts is unknown, and parsing the
+rest of that body as a new request is exactly how a request is smuggled.
 
 It also bounds how long a client may take: ``limits.client_timeout`` for an idle
 keep-alive connection to send its next request and for the whole request head to
@@ -49,7 +56,7 @@ class RequestRefused(ValueError):
         self.reason = reason
 
 
-_STATUS_TEXT = {400: "Bad Request", 408: "Request Timeout", 413: "Content Too Large",
+_STATUS_TEXT = {400: "Bad Request", 408: "Request Timeout", 413: "Content Too Large", 414: "URI Too Long",
                 431: "Request Header Fields Too Large", 501: "Not Implemented", 503: "Service Unavailable"}
 
 
@@ -79,9 +86,21 @@ class StrictHandler(WSGIHandler):
 
     def handle_one_request(self) -> Any:
         try:
-            return super().handle_one_request()
+            result = super().handle_one_request()
         finally:
             self._stop_head_timer()  # e.g. a request line too long never reaches read_request
+        if isinstance(result, tuple) and result[0] == "414":
+            self.log_error("refused request from %s: request line over %d bytes", self.client_address,
+                           MAX_REQUEST_LINE)
+            return "414", refusal_bytes(414, "request-line-too-long")
+        return result
+
+    def handle_one_response(self) -> None:
+        try:
+            super().handle_one_response()
+        finally:
+            if not _body_consumed(self.wsgi_input):
+                self.close_connection = True
 
     def read_requestline(self) -> str:
         # The clock for the whole head starts when we wait for its first byte:
@@ -192,21 +211,45 @@ class StrictHandler(WSGIHandler):
         return env
 
 
+def _body_consumed(stream: Any) -> bool:
+    """Whether pywsgi's ``Input`` was read (or discarded) to the end of the request body.
+
+    False after a malformed chunk, an over-limit body (``LimitedInput``) or a read
+    that failed: the connection's framing is then unknown and it must be closed.
+    """
+    if stream is None:
+        return True
+    if getattr(stream, "chunked_input", False):
+        return stream.chunk_length == 0 and not stream._chunked_input_error
+    return bool(stream.position >= (stream.content_length or 0))
+
+
 class BodyTooLarge(IOError):
     """A chunked request body grew past max_body_bytes."""
 
+    status = 413
+    reason = "body-too-large"
+
 
 class LimitedInput:
-    """wsgi.input for a chunked body: raises BodyTooLarge once it passes ``maximum`` bytes."""
+    """wsgi.input for a chunked body: raises BodyTooLarge once it passes ``maximum`` bytes.
+
+    Once tripped, the rest of the body is neither read nor discarded (a client may
+    stream for ever): the connection is closed after the response.
+    """
 
     def __init__(self, stream: Any, maximum: int) -> None:
         self._stream = stream
         self._left = maximum
 
     def read(self, size: int = -1) -> bytes:
+        if self._left < 0:
+            raise BodyTooLarge("request body over max_body_bytes")
         data: bytes = self._stream.read(size) if size is not None and size >= 0 else self._stream.read()
         self._left -= len(data)
         if self._left < 0:
+            # pywsgi's own flag for "stream in an unknown state": skips the discard.
+            self._stream._chunked_input_error = True
             raise BodyTooLarge("request body over max_body_bytes")
         return data
 

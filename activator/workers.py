@@ -85,7 +85,15 @@ def merge_statuses(statuses: list[dict[str, Any]]) -> dict[str, Any]:
                 seen["requests"] += pod["requests"]
                 seen["failures"] = max(seen["failures"], pod["failures"])
                 seen["slots"] = None if seen["slots"] is None or pod["slots"] is None else seen["slots"] + pod["slots"]
-    for service in services.values():
+    for name, service in services.items():
+        # The activator forwards a service when none of its workers owns a slot of it:
+        # every worker then names the same peer (a worker forwarding to a sibling is
+        # internal, the activator still serves the service itself).
+        forwards = {s["services"][name].get("forward_to") for s in statuses if name in s["services"]}
+        if len(forwards) == 1:
+            (only,) = forwards
+            if isinstance(only, str) and only.startswith("peer "):
+                service["forward_to"] = only
         pods = list(service["pods"].values())
         for pod in pods:
             states = sorted(set(pod["states"]))

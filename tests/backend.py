@@ -157,6 +157,12 @@ class Backend:
         except BaseException:
             self.stats.exit()
             raise
+        if environ["REQUEST_METHOD"] == "HEAD":
+            # pywsgi would write the body even for HEAD, breaking the connection's framing.
+            close = getattr(body, "close", None)
+            if close is not None:
+                close()
+            body = []
         return _Tracked(body, self.stats.exit)
 
     def _respond(

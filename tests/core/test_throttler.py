@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import random
 from collections import Counter
+from dataclasses import replace
 from typing import Any, Callable
 
 import pytest
@@ -1107,6 +1108,36 @@ class ThrottlerMachine(RuleBasedStateMachine):
                 assert tracker.state in (DRAINING, REMOVED)
             elif self.config.probe is None:
                 assert tracker.state is HEALTHY
+
+    @precondition(lambda self: self.config is not None)
+    @rule(
+        kind=st.sampled_from(["remove", "add-front", "toggle-drain", "swap", "cc-up", "cc-down"]),
+        data=st.data(),
+    )
+    def edit(self, kind: str, data: st.DataObject) -> None:
+        """One small edit of the file, as an operator makes them (keeps the owned map)."""
+        assert self.t is not None and self.config is not None
+        pods = list(self.config.pods)
+        cc = self.config.container_concurrency
+        absent = [a for a in UNIVERSE if a not in {p.address for p in pods}]
+        if kind == "remove" and pods:
+            del pods[data.draw(st.integers(0, len(pods) - 1))]
+        elif kind == "add-front" and absent:
+            pods.insert(0, pod(data.draw(st.sampled_from(absent))))
+        elif kind == "toggle-drain" and pods:
+            i = data.draw(st.integers(0, len(pods) - 1))
+            pods[i] = pod(pods[i].address, drain=not pods[i].drain)
+        elif kind == "swap" and len(pods) >= 2:
+            i, j = data.draw(st.lists(st.integers(0, len(pods) - 1), min_size=2, max_size=2, unique=True))
+            pods[i], pods[j] = pods[j], pods[i]
+        elif kind == "cc-up":
+            cc = min(cc + 1, 3)
+        elif kind == "cc-down":
+            cc = max(cc - 1, 0)
+        owned = self.owned
+        if owned is not None:
+            owned = {a: min(n, cc) for a, n in owned.items()}
+        self.apply((replace(self.config, pods=tuple(pods), container_concurrency=cc), owned), 0.0)
 
     @rule(address=st.sampled_from(UNIVERSE), ok=st.booleans())
     def probe(self, address: str, ok: bool) -> None:

@@ -56,7 +56,14 @@ def test_check_good_file_prints_services(tmp_path):
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert "valid" in out
-    for text in ("api", "batch", "api.example.com", "127.0.0.1:8001", "127.0.0.1:8002", "127.0.0.1:8101"):
+    for text in (
+        "api",
+        "batch",
+        "api.example.com",
+        "127.0.0.1:8001",
+        "127.0.0.1:8002",
+        "127.0.0.1:8101",
+    ):
         assert text in out, f"{text!r} missing from:\n{out}"
 
 
@@ -68,7 +75,7 @@ def test_check_config_from_environment(tmp_path):
 
 
 def test_check_bad_port_exits_2_naming_file_line_and_key(tmp_path):
-    bad = write(
+    write(
         tmp_path / "bad.yaml",
         """
         listen: 127.0.0.1:18080
@@ -82,7 +89,9 @@ def test_check_bad_port_exits_2_naming_file_line_and_key(tmp_path):
     )
     result = run_cli(["check", "-c", "bad.yaml"], cwd=tmp_path)
     assert result.returncode == 2
-    assert re.search(r"bad\.yaml:7: services\.api\.pods\[1\]: .*70000", result.stderr), result.stderr
+    assert re.search(
+        r"bad\.yaml:7: services\.api\.pods\[1\]: .*70000", result.stderr
+    ), result.stderr
     assert "port" in result.stderr
 
 
@@ -99,7 +108,9 @@ def test_check_unknown_key_and_syntax_error_exit_2(tmp_path):
     )
     result = run_cli(["check", "-c", str(typo)], cwd=tmp_path)
     assert result.returncode == 2
-    assert re.search(r"typo\.yaml:4: services\.api(\.queue_dept)?: ", result.stderr), result.stderr
+    assert re.search(r"typo\.yaml:4: services\.api(\.queue_dept)?: ", result.stderr), (
+        result.stderr
+    )
     assert "queue_dept" in result.stderr
 
     broken = write(tmp_path / "broken.yaml", "services:\n  api: [unclosed\n")
@@ -147,21 +158,35 @@ def test_check_against_prints_the_diff(tmp_path):
     # The diff: pods to add and to drain, limits changed (old -> new).
     line_with("add", "127.0.0.1:8003")
     line_with("drain", "127.0.0.1:8001")
-    assert not any("8002" in line and ("add" in line.lower() or "drain" in line.lower()) for line in lines)
+    assert not any(
+        "8002" in line and ("add" in line.lower() or "drain" in line.lower())
+        for line in lines
+    )
     assert not any("8003" in line and "drain" in line.lower() for line in lines)
     assert re.search(r"1\s*->\s*2", line_with("container_concurrency", "->"))
     assert re.search(r"30s\s*->\s*5s", line_with("queue_timeout", "->"))
 
     same = run_cli(["check", "-c", str(old), "--against", str(old)], cwd=tmp_path)
     assert same.returncode == 0
-    unchanged = [line for line in same.stdout.splitlines()
-                 if re.search(r"\badd\b|\bdrain\b|container_concurrency.*->|queue_timeout.*->", line)]
+    unchanged = [
+        line
+        for line in same.stdout.splitlines()
+        if re.search(
+            r"\badd\b|\bdrain\b|container_concurrency.*->|queue_timeout.*->", line
+        )
+    ]
     assert unchanged == [], unchanged
 
 
 def test_check_against_invalid_new_file_exits_2(tmp_path):
-    old = write(tmp_path / "old.yaml", "services:\n  api:\n    hosts: [a]\n    pods: [127.0.0.1:8001]\n")
-    new = write(tmp_path / "new.yaml", "services:\n  api:\n    hosts: [a]\n    pods: [127.0.0.1:0]\n")
+    old = write(
+        tmp_path / "old.yaml",
+        "services:\n  api:\n    hosts: [a]\n    pods: [127.0.0.1:8001]\n",
+    )
+    new = write(
+        tmp_path / "new.yaml",
+        "services:\n  api:\n    hosts: [a]\n    pods: [127.0.0.1:0]\n",
+    )
     result = run_cli(["check", "-c", str(new), "--against", str(old)], cwd=tmp_path)
     assert result.returncode == 2
     assert "new.yaml:" in result.stderr
@@ -170,9 +195,17 @@ def test_check_against_invalid_new_file_exits_2(tmp_path):
 def test_status_prints_a_table_of_a_running_instance(pod_factory, activator_factory):
     pods = pod_factory(2)
     act = activator_factory(
-        {"access_log": False,
-         "services": {"api": {"hosts": ["*"], "container_concurrency": 1, "probe": None,
-                              "pods": [p.address for p in pods]}}}
+        {
+            "access_log": False,
+            "services": {
+                "api": {
+                    "hosts": ["*"],
+                    "container_concurrency": 1,
+                    "probe": None,
+                    "pods": [p.address for p in pods],
+                }
+            },
+        }
     )
     assert request(act.listen, path="/delay").status == 200
     result = run_cli(["status", "--admin", act.admin])

@@ -72,10 +72,16 @@ def pod_in(status: dict[str, Any], pod: Pod) -> dict[str, Any] | None:
 
 def all_idle(status: dict[str, Any]) -> bool:
     svc = svc_status(status)
-    return svc["in_flight"] == 0 and svc["queued"] == 0 and all(p["in_flight"] == 0 for p in svc["pods"])
+    return (
+        svc["in_flight"] == 0
+        and svc["queued"] == 0
+        and all(p["in_flight"] == 0 for p in svc["pods"])
+    )
 
 
-def get(act: Activator, path: str = "/delay?ms=10", request_id: str | None = None) -> Any:
+def get(
+    act: Activator, path: str = "/delay?ms=10", request_id: str | None = None
+) -> Any:
     headers = {"X-Request-Id": request_id} if request_id else None
     return request(act.listen, path=path, headers=headers)
 
@@ -84,31 +90,45 @@ def get(act: Activator, path: str = "/delay?ms=10", request_id: str | None = Non
 # trackers outlive reloads
 
 
-def test_unlist_and_relist_busy_pod_never_exceeds_its_limit(pod_factory, activator_factory):
+def test_unlist_and_relist_busy_pod_never_exceeds_its_limit(
+    pod_factory, activator_factory
+):
     a, b = pod_factory(2)
     act = start(activator_factory, make_config([a, b]))
 
-    long = start_request(act.listen, path="/delay?ms=5000", headers={"X-Request-Id": "long"})
+    long = start_request(
+        act.listen, path="/delay?ms=5000", headers={"X-Request-Id": "long"}
+    )
     try:
         wait_until(lambda: a.stats()["in_flight"] == 1, message="long request on A")
         assert a.stats()["request_ids"] == ["long"]
 
         act.rewrite_config(make_config([b]))  # unlist A while it works
         act.wait_for(
-            lambda st: (p := pod_in(st, a)) is not None and p["state"] == "draining" and p["in_flight"] == 1,
+            lambda st: (p := pod_in(st, a)) is not None
+            and p["state"] == "draining"
+            and p["in_flight"] == 1,
             message="A draining with its request in flight",
         )
         act.rewrite_config(make_config([a, b]))  # list it again
         st = act.wait_for(
-            lambda st: (p := pod_in(st, a)) is not None and p["listed"] and p["state"] != "draining",
+            lambda st: (p := pod_in(st, a)) is not None
+            and p["listed"]
+            and p["state"] != "draining",
             message="A listed again",
         )
-        assert pod_in(st, a)["in_flight"] == 1, "A lost its in-flight count on re-listing"
-        assert a.stats()["in_flight"] == 1, "the long request ended too early for this test"
+        assert pod_in(st, a)["in_flight"] == 1, (
+            "A lost its in-flight count on re-listing"
+        )
+        assert a.stats()["in_flight"] == 1, (
+            "the long request ended too early for this test"
+        )
 
         # More requests than free slots (only B's one is free): A must not get any
         # while its long request runs.
-        results = concurrent_requests(6, lambda i: get(act, "/delay?ms=100", f"burst-{i}"))
+        results = concurrent_requests(
+            6, lambda i: get(act, "/delay?ms=100", f"burst-{i}")
+        )
         assert [r.status for r in results] == [200] * 6
         assert a.stats()["peak"] == 1
         assert b.stats()["peak"] == 1
@@ -128,15 +148,21 @@ def test_drain_with_a_request_in_flight(pod_factory, activator_factory):
     a, b = pod_factory(2)
     act = start(activator_factory, make_config([a, b]))
 
-    long = start_request(act.listen, path="/delay?ms=2000", headers={"X-Request-Id": "long"})
+    long = start_request(
+        act.listen, path="/delay?ms=2000", headers={"X-Request-Id": "long"}
+    )
     try:
         wait_until(lambda: a.stats()["in_flight"] == 1, message="long request on A")
         act.rewrite_config(make_config([pod_entry(a, drain=True), b]))
         act.wait_for(
-            lambda st: (p := pod_in(st, a)) is not None and p["state"] == "draining" and p["in_flight"] == 1,
+            lambda st: (p := pod_in(st, a)) is not None
+            and p["state"] == "draining"
+            and p["in_flight"] == 1,
             message="A draining with its request in flight",
         )
-        results = concurrent_requests(5, lambda i: get(act, "/delay?ms=50", f"after-{i}"))
+        results = concurrent_requests(
+            5, lambda i: get(act, "/delay?ms=50", f"after-{i}")
+        )
         assert [r.status for r in results] == [200] * 5
         assert all(r.headers["X-Pod"] == b.address for r in results)
 
@@ -182,7 +208,9 @@ def test_broken_file_keeps_the_old_config_serving(pod_factory, activator_factory
 
     # 1. YAML syntax error.
     act.rewrite_config("access_log: false\nservices:\n  api: [unclosed\n    hosts: x\n")
-    st = act.wait_for(lambda st: st["config"]["last_error"], message="syntax error reported")
+    st = act.wait_for(
+        lambda st: st["config"]["last_error"], message="syntax error reported"
+    )
     error = st["config"]["last_error"]
     assert re.search(r"activator\.yaml:\d+", error), error
     assert get(act).status == 200  # old config keeps serving
@@ -190,17 +218,18 @@ def test_broken_file_keeps_the_old_config_serving(pod_factory, activator_factory
 
     # 2. A validation error: a bad port on a known line.
     bad = (
-        "access_log: false\n"            # 1
-        "services:\n"                    # 2
-        "  api:\n"                       # 3
-        "    hosts: ['*']\n"             # 4
-        "    probe: null\n"              # 5
-        "    pods:\n"                    # 6
-        "      - 127.0.0.1:70000\n"      # 7
+        "access_log: false\n"  # 1
+        "services:\n"  # 2
+        "  api:\n"  # 3
+        "    hosts: ['*']\n"  # 4
+        "    probe: null\n"  # 5
+        "    pods:\n"  # 6
+        "      - 127.0.0.1:70000\n"  # 7
     )
     act.rewrite_config(bad)
     st = act.wait_for(
-        lambda st: "70000" in (st["config"]["last_error"] or ""), message="validation error reported"
+        lambda st: "70000" in (st["config"]["last_error"] or ""),
+        message="validation error reported",
     )
     error = st["config"]["last_error"]
     assert "activator.yaml:7:" in error, error
@@ -213,7 +242,8 @@ def test_broken_file_keeps_the_old_config_serving(pod_factory, activator_factory
     (b,) = pod_factory(1)
     act.rewrite_config(make_config([b]))
     st = act.wait_for(
-        lambda st: st["config"]["last_error"] is None and pod_state(st, SERVICE, b.address) == "healthy",
+        lambda st: st["config"]["last_error"] is None
+        and pod_state(st, SERVICE, b.address) == "healthy",
         message="good file applied",
     )
     assert get(act).headers["X-Pod"] == b.address
@@ -222,7 +252,9 @@ def test_broken_file_keeps_the_old_config_serving(pod_factory, activator_factory
 @pytest.mark.parametrize("how", ["atomic-rename", "in-place-write", "symlink-swap"])
 def test_file_changes_are_picked_up(pod_factory, activator_factory, how):
     a, b = pod_factory(2)
-    act = start(activator_factory, make_config([a]), use_symlink=(how == "symlink-swap"))
+    act = start(
+        activator_factory, make_config([a]), use_symlink=(how == "symlink-swap")
+    )
     assert get(act).headers["X-Pod"] == a.address
 
     new = make_config([b, a], container_concurrency=2)
@@ -256,7 +288,9 @@ def test_file_changes_are_picked_up(pod_factory, activator_factory, how):
 def test_sighup_forces_a_reread(pod_factory, activator_factory):
     a, b = pod_factory(2)
     # The watcher effectively never polls: only SIGHUP can bring the change in.
-    act = start(activator_factory, make_config([a]), env={"ACTIVATOR_WATCH_INTERVAL": "3600"})
+    act = start(
+        activator_factory, make_config([a]), env={"ACTIVATOR_WATCH_INTERVAL": "3600"}
+    )
 
     act.rewrite_config(make_config([a, b]))
     # (Not asserting the change is *not* seen without SIGHUP: that would be a timing.)
@@ -274,20 +308,33 @@ def test_sighup_forces_a_reread(pod_factory, activator_factory):
 
 
 def probe(interval: str = "200ms", **kw: Any) -> dict[str, Any]:
-    return {"path": "/healthz", "interval": interval, "timeout": "1s",
-            "healthy_after": 1, "unhealthy_after": 2, **kw}
+    return {
+        "path": "/healthz",
+        "interval": interval,
+        "timeout": "1s",
+        "healthy_after": 1,
+        "unhealthy_after": 2,
+        **kw,
+    }
 
 
-def test_pod_failing_its_probe_gets_nothing_until_it_passes(pod_factory, activator_factory):
+def test_pod_failing_its_probe_gets_nothing_until_it_passes(
+    pod_factory, activator_factory
+):
     (sick,) = pod_factory(1, fail_health=True)
-    act = start(activator_factory, make_config([sick], probe=probe(), queue_timeout="1s"))
+    act = start(
+        activator_factory, make_config([sick], probe=probe(), queue_timeout="1s")
+    )
 
     st = act.status()
     assert pod_state(st, SERVICE, sick.address) == "pending"
     assert svc_status(st)["capacity"] == 0
     # Give several probes (every 200 ms) the time to fail: /status does not count
     # failed probes of a pending pod, so wait on its time in state.
-    act.wait_for(lambda st: pod_in(st, sick)["seconds_in_state"] >= 1.0, message="probes had time to run")
+    act.wait_for(
+        lambda st: pod_in(st, sick)["seconds_in_state"] >= 1.0,
+        message="probes had time to run",
+    )
     assert pod_state(act.status(), SERVICE, sick.address) == "pending"
 
     resp = get(act)
@@ -304,8 +351,13 @@ def test_pod_failing_its_probe_gets_nothing_until_it_passes(pod_factory, activat
 
 def test_queued_request_is_served_once_the_probe_passes(pod_factory, activator_factory):
     (sick,) = pod_factory(1, fail_health=True)
-    act = start(activator_factory, make_config([sick], probe=probe(), queue_timeout="30s"))
-    act.wait_for(lambda st: pod_in(st, sick)["seconds_in_state"] >= 0.6, message="probes had time to run")
+    act = start(
+        activator_factory, make_config([sick], probe=probe(), queue_timeout="30s")
+    )
+    act.wait_for(
+        lambda st: pod_in(st, sick)["seconds_in_state"] >= 0.6,
+        message="probes had time to run",
+    )
     assert pod_state(act.status(), SERVICE, sick.address) == "pending"
 
     waiting = start_request(act.listen, path="/delay?ms=10")
@@ -322,16 +374,23 @@ def test_queued_request_is_served_once_the_probe_passes(pod_factory, activator_f
     act.wait_for(all_idle)
 
 
-def test_new_pod_under_probe_starts_pending_and_serves_only_after_passing(pod_factory, activator_factory):
+def test_new_pod_under_probe_starts_pending_and_serves_only_after_passing(
+    pod_factory, activator_factory
+):
     (a,) = pod_factory(1)
     act = start(activator_factory, make_config([a], probe=probe()))
     act.wait_pod_state(SERVICE, a.address, "healthy")
 
     (b,) = pod_factory(1, fail_health=True)
-    act.rewrite_config(make_config([b, a], probe=probe()))  # b first: preferred once healthy
+    act.rewrite_config(
+        make_config([b, a], probe=probe())
+    )  # b first: preferred once healthy
     st = act.wait_for(lambda st: pod_in(st, b) is not None, message="b listed")
     assert pod_state(st, SERVICE, b.address) == "pending"
-    act.wait_for(lambda st: pod_in(st, b)["seconds_in_state"] >= 1.0, message="probes had time to run")
+    act.wait_for(
+        lambda st: pod_in(st, b)["seconds_in_state"] >= 1.0,
+        message="probes had time to run",
+    )
 
     results = concurrent_requests(4, lambda i: get(act, "/delay?ms=50"))
     assert [r.status for r in results] == [200] * 4
@@ -353,7 +412,8 @@ def test_passive_ejection_and_return_via_probes(pod_factory, activator_factory):
     config = make_config([flaky, steady], probe=probe(interval="2s", unhealthy_after=2))
     act = start(activator_factory, config)
     act.wait_for(
-        lambda st: all(p["state"] == "healthy" for p in svc_status(st)["pods"]), message="both healthy"
+        lambda st: all(p["state"] == "healthy" for p in svc_status(st)["pods"]),
+        message="both healthy",
     )
     assert get(act).headers["X-Pod"] == flaky.address
 
@@ -365,7 +425,9 @@ def test_passive_ejection_and_return_via_probes(pod_factory, activator_factory):
     st = act.status()
     entry = pod_in(st, flaky)
     assert entry["state"] == "pending", entry
-    connect_errors = sum(n for k, n in entry["transport_failures"].items() if k.startswith("connect"))
+    connect_errors = sum(
+        n for k, n in entry["transport_failures"].items() if k.startswith("connect")
+    )
     assert connect_errors >= 1, entry
 
     # Other pods keep serving, and the pending pod is not tried any more.
@@ -388,17 +450,21 @@ def test_passive_ejection_and_return_via_probes(pod_factory, activator_factory):
 
 
 class _Load:
-    """``threads`` clients looping short requests on keep-alive connections."""
+    """``threads`` clients looping requests on keep-alive connections; client ``i``
+    cycles through ``paths`` starting at ``i``."""
 
-    def __init__(self, act: Activator, threads: int, path: str) -> None:
+    def __init__(self, act: Activator, threads: int, paths: Sequence[str]) -> None:
         self.act = act
-        self.path = path
+        self.paths = list(paths)
         self.stop = threading.Event()
         self.ok = 0
         self.failures: list[str] = []
         self.by_pod: dict[str, int] = {}
         self._lock = threading.Lock()
-        self._threads = [threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(threads)]
+        self._threads = [
+            threading.Thread(target=self._run, args=(i,), daemon=True)
+            for i in range(threads)
+        ]
 
     def __enter__(self) -> _Load:
         for t in self._threads:
@@ -417,7 +483,10 @@ class _Load:
             while not self.stop.is_set():
                 n += 1
                 try:
-                    resp = client.request("GET", self.path, headers={"X-Request-Id": f"c{i}-{n}"})
+                    path = self.paths[(i + n) % len(self.paths)]
+                    resp = client.request(
+                        "GET", path, headers={"X-Request-Id": f"c{i}-{n}"}
+                    )
                 except Exception as exc:  # noqa: BLE001 - every failure is counted
                     with self._lock:
                         self.failures.append(f"c{i}-{n}: {exc!r}")
@@ -442,6 +511,9 @@ class _Load:
             return self.ok + len(self.failures)
 
 
+EDITS = 24
+
+
 @pytest.mark.slow
 def test_churn_under_load(pod_factory, activator_factory):
     pods = pod_factory(5)
@@ -451,30 +523,39 @@ def test_churn_under_load(pod_factory, activator_factory):
         # listed: pod -> drain flag; order shuffled so every pod is sometimes first.
         entries = [pod_entry(p, drain) for p, drain in listed.items()]
         rng.shuffle(entries)
-        return make_config(entries, queue_depth=1000, queue_timeout="60s", lb_policy="auto")
+        return make_config(
+            entries, queue_depth=1000, queue_timeout="60s", lb_policy="auto"
+        )
 
     act = start(activator_factory, config({pods[0]: False, pods[1]: False}))
     edits = 0
     layouts: list[str] = []
-    with _Load(act, threads=6, path="/delay?ms=50") as load:
+    # Mostly short requests, and some long enough to be in flight on a pod across an
+    # unlist/re-list or drain/undrain pair of edits (the case trackers must survive).
+    paths = ["/delay?ms=50", "/delay?ms=800"]
+    with _Load(act, threads=6, paths=paths) as load:
         wait_until(lambda: load.total >= 10, message="load running")
-        for _ in range(20):
+        for _ in range(EDITS):
             listed: dict[Pod, bool] = {}
             for pod in pods:
                 roll = rng.random()
-                if roll < 0.5:
+                if roll < 0.45:
                     listed[pod] = False  # listed, serving
-                elif roll < 0.75:
+                elif roll < 0.65:
                     listed[pod] = True  # listed, drain: true
                 # else: unlisted
             if not any(not drain for drain in listed.values()):
                 listed[rng.choice(pods)] = False  # always one pod listed and undrained
             act.rewrite_config(config(listed))
             edits += 1
-            layouts.append(" ".join(
-                ("S" if not listed[p] else "D") if p in listed else "-" for p in pods
-            ))
-            time.sleep(rng.uniform(0.2, 0.3))  # pacing the edits, not a wait for an effect
+            layouts.append(
+                " ".join(
+                    ("S" if not listed[p] else "D") if p in listed else "-"
+                    for p in pods
+                )
+            )
+            # Pacing the edits, not a wait for an effect.
+            time.sleep(rng.uniform(0.2, 0.3))
         # End with every pod serving, and let the load run on it a moment.
         act.rewrite_config(config({p: False for p in pods}))
         edits += 1
@@ -484,7 +565,10 @@ def test_churn_under_load(pod_factory, activator_factory):
             message="all pods listed at the end",
         )
         total_at_end = load.total
-        wait_until(lambda: load.total >= total_at_end + 20, message="load continues after churn")
+        wait_until(
+            lambda: load.total >= total_at_end + 20,
+            message="load continues after churn",
+        )
 
     st = act.wait_for(all_idle, message="every count back to zero after churn")
     peaks = {p.address: p.stats()["peak"] for p in pods}
@@ -501,7 +585,7 @@ def test_churn_under_load(pod_factory, activator_factory):
     assert all(peak <= 1 for peak in peaks.values()), peaks
     assert load.ok >= 50
     assert sum(counts.values()) == load.ok
-    assert edits == 21
+    assert edits == EDITS + 1
     svc = svc_status(st)
     assert svc["in_flight"] == 0 and svc["queued"] == 0
     assert all(p["in_flight"] == 0 for p in svc["pods"])

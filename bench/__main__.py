@@ -1,0 +1,95 @@
+"""``python -m bench [--quick] [--only SCENARIO ...]``: run the benchmarks, write the results.
+
+Full mode writes ``bench/RESULTS.md`` (the recorded results); ``--quick`` (CI: keeps the
+suite working, asserts no timing) uses short runs and writes
+``bench/out/RESULTS-quick.md`` so it never overwrites the recorded results. ``--only``
+runs some scenarios and writes ``bench/out/RESULTS-<names>.md`` unless ``--out`` says
+otherwise. Exit code 1 if a scenario crashed, else 0 (targets missed are not failures).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import shutil
+import sys
+import time
+import traceback
+
+from . import common as c
+from .report import Section, render
+
+SCENARIOS = ("overhead", "scheduling", "churn", "scale", "workers", "profile")
+
+
+def _module(name: str):  # imported lazily: a scenario's import error is that scenario's failure
+    import importlib
+
+    return importlib.import_module(f"bench.{name}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="short runs (< 2 min); writes bench/out/RESULTS-quick.md")
+    ap.add_argument("--only", action="append", choices=SCENARIOS, metavar="SCENARIO",
+                    help=f"run only this scenario (repeatable): {', '.join(SCENARIOS)}")
+    ap.add_argument("--out", help="where to write the markdown (default: see above)")
+    ap.add_argument("--no-install", action="store_true", help="do not apt-get install missing tools")
+    args = ap.parse_args(argv)
+
+    started = time.time()
+    command = "python -m bench" + (" " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+                                   if (argv if argv is not None else sys.argv[1:]) else "")
+    names = list(args.only) if args.only else [s for s in SCENARIOS if not (args.quick and s == "profile")]
+    if args.out:
+        out_path = c.Path(args.out)
+    elif args.only:
+        out_path = c.OUT / f"RESULTS-{'-'.join(names)}{'-quick' if args.quick else ''}.md"
+    elif args.quick:
+        out_path = c.OUT / "RESULTS-quick.md"
+    else:
+        out_path = c.BENCH / "RESULTS.md"
+
+    c.OUT.mkdir(parents=True, exist_ok=True)
+    work = c.OUT / ("work-quick" if args.quick else "work")
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    nofile = c.raise_nofile()
+    tools, notes = c.find_tools(install=not args.no_install)
+    ctx = c.Ctx(quick=args.quick, work=work, tools=tools)
+    for n in notes:
+        ctx.note(n)
+    if nofile < 25000:
+        ctx.note(f"open-files limit is {nofile}: the 10,000-connection parts may be cut short")
+    c.log(f"scenarios: {', '.join(names)}; writing {out_path}")
+    c.log(f"pinning: {c.pin_text(ctx)}")
+
+    sections: list[Section] = []
+    profile_md = None
+    failed = False
+    for name in names:
+        t0 = time.monotonic()
+        c.log(f"=== {name}")
+        try:
+            result = _module(name).run(ctx)
+        except Exception as exc:  # one scenario's crash must not lose the others
+            failed = True
+            traceback.print_exc()
+            result = Section(name, f"{name}: failed", error=f"{type(exc).__name__}: {exc}")
+        if isinstance(result, str):
+            profile_md = result
+        else:
+            result.seconds = time.monotonic() - t0
+            sections.append(result)
+        c.log(f"=== {name} done in {time.monotonic() - t0:.1f}s")
+        # write after every scenario: a long run that dies keeps what it measured
+        out_path.parent.mkdir(parents=True, exist_ok=True)
+        out_path.write_text(render(ctx, sections, command, started, profile_md))
+    c.log(f"wrote {out_path} in {time.time() - started:.0f}s")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    os.chdir(c.ROOT)
+    sys.exit(main())

@@ -1,0 +1,682 @@
+"""Shared machinery of the benchmarks: tools, ports, processes, configs, load, numbers.
+
+Nothing here is specific to one scenario. Every server is started by the bench on
+127.0.0.1 (free ports picked by binding port 0), in its own process group, with its
+output in ``bench/out/work/<scenario>/``; ``Procs.stop_all`` ends exactly the
+processes the bench started (SIGTERM to their group, SIGKILL after a grace).
+
+Pinning (``taskset``, only with >= 2 CPUs): the process under test (activator,
+HAProxy, the Falcon hello app) on cpu1; nginx, the backend pods, wrk and the Python
+load generator on cpu0. The "workers" scenario runs unpinned.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import resource
+import shlex
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "bench"
+OUT = BENCH / "out"
+PYTHON = sys.executable
+BACKEND = ROOT / "tests" / "backend.py"
+
+# urllib without any proxy from the environment: everything here is loopback.
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+# ---------------------------------------------------------------------------------------
+# context of one run
+
+
+@dataclass
+class Ctx:
+    quick: bool
+    work: Path
+    tools: dict[str, str | None]
+    notes: list[str] = field(default_factory=list)
+    pinning: bool = True
+
+    def dur(self, full: float, quick: float) -> float:
+        return quick if self.quick else full
+
+    def n(self, full: int, quick: int) -> int:
+        return quick if self.quick else full
+
+    def dir(self, name: str) -> Path:
+        d = self.work / name
+        d.mkdir(parents=True, exist_ok=True)
+        return d
+
+    def note(self, text: str) -> None:
+        print(f"[bench] note: {text}", flush=True)
+        self.notes.append(text)
+
+
+def log(text: str) -> None:
+    print(f"[bench] {time.strftime('%H:%M:%S')} {text}", flush=True)
+
+
+# ---------------------------------------------------------------------------------------
+# tools
+
+
+def find_tools(install: bool = True) -> tuple[dict[str, str | None], list[str]]:
+    """Locate haproxy, nginx, wrk, taskset; apt-get install the missing ones when root."""
+    notes: list[str] = []
+    wanted = {"haproxy": "haproxy", "nginx": "nginx-light", "wrk": "wrk"}
+
+    def where(name: str) -> str | None:
+        return shutil.which(name) or next(
+            (p for p in (f"/usr/sbin/{name}", f"/usr/bin/{name}") if os.access(p, os.X_OK)), None)
+
+    missing = [pkg for name, pkg in wanted.items() if where(name) is None]
+    if missing and install:
+        if os.geteuid() != 0:
+            notes.append(f"not root: did not try to install {' '.join(missing)}")
+        elif shutil.which("apt-get") is None:
+            notes.append(f"no apt-get: could not install {' '.join(missing)}")
+        else:
+            log(f"installing {' '.join(missing)} with apt-get")
+            env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+            r = subprocess.run(["apt-get", "install", "-y", "--no-install-recommends", *missing],
+                               env=env, capture_output=True, text=True)
+            if r.returncode != 0:
+                subprocess.run(["apt-get", "update", "-qq"], env=env, capture_output=True)
+                r = subprocess.run(["apt-get", "install", "-y", "--no-install-recommends", *missing],
+                                   env=env, capture_output=True, text=True)
+            if r.returncode != 0:
+                notes.append(f"apt-get install {' '.join(missing)} failed: {r.stderr.strip()[-300:]}")
+    tools: dict[str, str | None] = {name: where(name) for name in wanted}
+    tools["taskset"] = shutil.which("taskset")
+    pyspy = Path(PYTHON).parent / "py-spy"
+    tools["py-spy"] = str(pyspy) if pyspy.exists() else shutil.which("py-spy")
+    for name in wanted:
+        if tools[name] is None:
+            notes.append(f"{name} not available: the scenarios that need it are skipped or use a fallback")
+    return tools, notes
+
+
+def tool_versions(tools: dict[str, str | None]) -> dict[str, str]:
+    def first_line(cmd: list[str]) -> str:
+        try:
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            return "?"
+        text = (r.stdout + r.stderr).strip().splitlines()
+        return text[0].strip() if text else "?"
+
+    out = {}
+    if tools.get("haproxy"):
+        out["haproxy"] = first_line([tools["haproxy"], "-v"])  # type: ignore[list-item]
+    if tools.get("nginx"):
+        out["nginx"] = first_line([tools["nginx"], "-v"])  # type: ignore[list-item]
+    if tools.get("wrk"):
+        out["wrk"] = first_line([tools["wrk"], "-v"])  # type: ignore[list-item]
+    return out
+
+
+def raise_nofile() -> int:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard if hard != resource.RLIM_INFINITY else 65536
+    if soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (ValueError, OSError):
+            pass
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
+def ncpu() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def pin(ctx: Ctx, role: str) -> list[str]:
+    """taskset prefix: role 'proxy' -> cpu1, 'load' -> cpu0, anything else unpinned."""
+    if not ctx.pinning or ctx.tools.get("taskset") is None or ncpu() < 2:
+        return []
+    cpus = sorted(os.sched_getaffinity(0))
+    cpu = {"proxy": cpus[1], "load": cpus[0]}.get(role)
+    return [] if cpu is None else ["taskset", "-c", str(cpu)]
+
+
+def pin_text(ctx: Ctx) -> str:
+    if not pin(ctx, "proxy"):
+        return "no pinning (fewer than 2 CPUs or no taskset)"
+    return (f"proxy under test (activator / HAProxy / Falcon hello) on cpu{pin(ctx, 'proxy')[-1]}; "
+            f"nginx, backend pods, wrk and the Python load generator on cpu{pin(ctx, 'load')[-1]}; "
+            "the workers scenario unpinned")
+
+
+# ---------------------------------------------------------------------------------------
+# ports and HTTP
+
+
+def free_port(kind: int = socket.SOCK_STREAM) -> int:
+    with socket.socket(socket.AF_INET, kind) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http_get(url: str, timeout: float = 2.0, host: str | None = None,
+             method: str = "GET") -> tuple[int, bytes]:
+    req = urllib.request.Request(url, method=method)
+    if host:
+        req.add_header("Host", host)
+    try:
+        with _OPENER.open(req, timeout=timeout) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def http_json(url: str, timeout: float = 5.0, method: str = "GET") -> Any:
+    status, body = http_get(url, timeout, method=method)
+    if status != 200:
+        raise RuntimeError(f"{url}: HTTP {status}")
+    return json.loads(body)
+
+
+def wait_http(url: str, timeout: float = 20.0, proc: subprocess.Popen | None = None,
+              ok: Iterable[int] = (200,), host: str | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    last: object = None
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"process exited with {proc.returncode} before {url} answered")
+        try:
+            status, _ = http_get(url, 1.0, host=host)
+            if status in ok:
+                return
+            last = status
+        except OSError as e:
+            last = e
+        time.sleep(0.05)
+    raise RuntimeError(f"{url} not ready after {timeout}s (last: {last})")
+
+
+# ---------------------------------------------------------------------------------------
+# processes
+
+
+@dataclass
+class Proc:
+    name: str
+    popen: subprocess.Popen
+    stdout: Path
+    stderr: Path
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def rss_kb(self, include_children: bool = False) -> int:
+        pids = [self.pid] + (children_of(self.pid) if include_children else [])
+        return sum(rss_kb(p) for p in pids)
+
+
+def rss_kb(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+_CLK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pids: Iterable[int]) -> float:
+    """User + system CPU time of these processes and all their descendants, in seconds."""
+    total = 0.0
+    seen: set[int] = set()
+    for pid in pids:
+        for p in [pid, *children_of(pid)]:
+            if p in seen:
+                continue
+            seen.add(p)
+            try:
+                fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            total += (int(fields[11]) + int(fields[12])) / _CLK
+    return total
+
+
+def loadavg() -> str:
+    try:
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "?"
+
+
+def children_of(pid: int) -> list[int]:
+    out: list[int] = []
+    try:
+        kids = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:
+        return out
+    for k in kids:
+        out.append(int(k))
+        out.extend(children_of(int(k)))
+    return out
+
+
+class Procs:
+    """The processes one scenario started; stop_all ends them (and only them)."""
+
+    def __init__(self, ctx: Ctx, scenario: str) -> None:
+        self.ctx = ctx
+        self.dir = ctx.dir(scenario)
+        self.procs: list[Proc] = []
+
+    def start(self, name: str, cmd: Sequence[str], role: str | None = None,
+              env: dict[str, str] | None = None, stdout_to: Path | None = None) -> Proc:
+        prefix = pin(self.ctx, role) if role else []
+        out = stdout_to or self.dir / f"{name}.out"
+        err = self.dir / f"{name}.err"
+        full_env = dict(os.environ)
+        full_env.pop("NOTIFY_SOCKET", None)
+        if env:
+            full_env.update(env)
+        popen = subprocess.Popen([*prefix, *cmd], stdout=open(out, "wb"), stderr=open(err, "wb"),
+                                 stdin=subprocess.DEVNULL, env=full_env, cwd=str(ROOT),
+                                 start_new_session=True)
+        proc = Proc(name, popen, out, err)
+        self.procs.append(proc)
+        return proc
+
+    def stop(self, proc: Proc, sig: int = signal.SIGTERM, grace: float = 5.0) -> None:
+        if proc.popen.poll() is None:
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                pass
+            try:
+                proc.popen.wait(grace)
+            except subprocess.TimeoutExpired:
+                pass
+        # the group may hold children (nginx/haproxy workers, activator workers)
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            proc.popen.wait(2)
+        except subprocess.TimeoutExpired:
+            pass
+        if proc in self.procs:
+            self.procs.remove(proc)
+
+    def stop_all(self) -> None:
+        for proc in list(reversed(self.procs)):
+            self.stop(proc)
+
+    def __enter__(self) -> Procs:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop_all()
+
+
+def activator_cmd(config: Path) -> list[str]:
+    custom = os.environ.get("ACTIVATOR_BIN")
+    if custom:
+        return [*shlex.split(custom), "run", "-c", str(config)]
+    return [PYTHON, "-m", "activator", "run", "-c", str(config)]
+
+
+# ---------------------------------------------------------------------------------------
+# servers
+
+
+def yaml_list(items: Iterable[str]) -> str:
+    return "[" + ", ".join(json.dumps(i) for i in items) + "]"
+
+
+def activator_yaml(port: int, admin: int, services: dict[str, dict[str, Any]], *,
+                   access_log: bool = False, workers: int = 1, statsd: str | None = None,
+                   max_connections: int = 10000) -> str:
+    """A config text. services: name -> {hosts, cc, queue_depth, pods (list of str or dict), ...}."""
+    lines = [
+        f"listen: 127.0.0.1:{port}",
+        f"admin: 127.0.0.1:{admin}",
+        f"workers: {workers}",
+        "grace_period: 1s",
+        f"access_log: {'true' if access_log else 'false'}",
+        "limits:",
+        f"  max_connections: {max_connections}",
+        "  client_timeout: 120s",
+    ]
+    if statsd:
+        lines += ["statsd:", f"  address: {statsd}", "  prefix: bench"]
+    lines.append("services:")
+    for name, s in services.items():
+        lines += [
+            f"  {name}:",
+            f"    hosts: {yaml_list(s.get('hosts', ['*']))}",
+            f"    container_concurrency: {s.get('cc', 1)}",
+            f"    queue_depth: {s.get('queue_depth', 1000)}",
+            f"    queue_timeout: {s.get('queue_timeout', '30s')}",
+            "    connect_timeout: 2s",
+            "    request_timeout: 300s",
+            f"    lb_policy: {s.get('lb_policy', 'auto')}",
+            "    probe: null",
+            "    pods:",
+        ]
+        for pod in s["pods"]:
+            if isinstance(pod, str):
+                lines.append(f"      - {pod}")
+            else:
+                lines.append(f"      - {{address: {pod['address']}, drain: {'true' if pod.get('drain') else 'false'}}}")
+    return "\n".join(lines) + "\n"
+
+
+def write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+@dataclass
+class Activator:
+    proc: Proc
+    port: int
+    admin: int
+    config: Path
+
+    def status(self) -> Any:
+        return http_json(f"http://127.0.0.1:{self.admin}/status")
+
+
+def start_activator(procs: Procs, name: str, services: dict[str, dict[str, Any]], *,
+                    role: str | None = "proxy", access_log: bool = False, workers: int = 1,
+                    statsd: str | None = None, max_connections: int = 10000,
+                    env: dict[str, str] | None = None, ready_timeout: float = 30.0) -> Activator:
+    port, admin = free_port(), free_port()
+    config = procs.dir / f"{name}.yaml"
+    write_atomic(config, activator_yaml(port, admin, services, access_log=access_log, workers=workers,
+                                        statsd=statsd, max_connections=max_connections))
+    proc = procs.start(name, activator_cmd(config), role=role, env=env)
+    wait_http(f"http://127.0.0.1:{admin}/readyz", ready_timeout, proc.popen)
+    return Activator(proc, port, admin, config)
+
+
+def start_nginx(procs: Procs, name: str = "nginx", *, any_address: bool = False,
+                role: str | None = "load") -> tuple[Proc, int]:
+    """nginx answering every request with 200 "hello" (5 bytes), one worker, keep-alive forever."""
+    nginx = procs.ctx.tools.get("nginx")
+    if nginx is None:
+        raise RuntimeError("nginx not available")
+    port = free_port()
+    prefix = procs.dir / name
+    prefix.mkdir(exist_ok=True)
+    for sub in ("logs", "tmp"):
+        (prefix / sub).mkdir(exist_ok=True)
+    user = "user root;\n" if os.geteuid() == 0 else ""
+    listen = f"{port}" if any_address else f"127.0.0.1:{port}"
+    conf = f"""{user}worker_processes 1;
+daemon off;
+pid {prefix}/nginx.pid;
+error_log {prefix}/logs/error.log warn;
+worker_rlimit_nofile 65536;
+events {{ worker_connections 40000; multi_accept on; }}
+http {{
+  access_log off;
+  client_body_temp_path {prefix}/tmp/body;
+  proxy_temp_path {prefix}/tmp/proxy;
+  fastcgi_temp_path {prefix}/tmp/fastcgi;
+  uwsgi_temp_path {prefix}/tmp/uwsgi;
+  scgi_temp_path {prefix}/tmp/scgi;
+  keepalive_requests 100000000;
+  keepalive_timeout 600s;
+  default_type text/plain;
+  server {{
+    listen {listen} backlog=4096;
+    location / {{ return 200 "hello"; }}
+  }}
+}}
+"""
+    (prefix / "nginx.conf").write_text(conf)
+    proc = procs.start(name, [nginx, "-p", str(prefix), "-c", str(prefix / "nginx.conf"), "-e",
+                              str(prefix / "logs" / "error.log")], role=role)
+    wait_http(f"http://127.0.0.1:{port}/", 10, proc.popen)
+    return proc, port
+
+
+def start_backend(procs: Procs, name: str, role: str | None = "load") -> tuple[Proc, int]:
+    """tests/backend.py: a gevent pod that records its own peak concurrency (/_stats)."""
+    port = free_port()
+    proc = procs.start(name, [PYTHON, str(BACKEND), "--port", str(port)], role=role)
+    wait_http(f"http://127.0.0.1:{port}/_stats", 15, proc.popen)
+    return proc, port
+
+
+def start_hello(procs: Procs, name: str = "hello", strict: bool = False) -> tuple[Proc, int]:
+    port = free_port()
+    cmd = [PYTHON, "-m", "bench.hello_app", "--port", str(port)] + (["--strict"] if strict else [])
+    proc = procs.start(name, cmd, role="proxy")
+    wait_http(f"http://127.0.0.1:{port}/", 15, proc.popen)
+    return proc, port
+
+
+def haproxy_cfg(port: int, servers: Sequence[tuple[str, str]], *, maxconn: int, balance: str,
+                log_port: int | None = None, queue_timeout: str = "30s", global_maxconn: int = 9000) -> str:
+    """HAProxy equivalent of an activator service: per-server maxconn, backend queue,
+    keep-alive and connection reuse towards the servers, the same X-Forwarded-* headers."""
+    log_global = f"  log 127.0.0.1:{log_port} len 4096 local0\n" if log_port else ""
+    log_defaults = ("  log global\n  log-format \"BENCH Tw=%Tw Tc=%Tc Tr=%Tr Ta=%Ta st=%ST srv=%s\"\n"
+                    if log_port else "")
+    server_lines = "".join(f"  server {name} {addr} maxconn {maxconn}\n" for name, addr in servers)
+    return f"""global
+  maxconn {global_maxconn}
+  nbthread 1
+{log_global}defaults
+  mode http
+{log_defaults}  timeout connect 2s
+  timeout client 120s
+  timeout server 300s
+  timeout queue {queue_timeout}
+  timeout http-keep-alive 120s
+  option http-keep-alive
+  option forwardfor
+  http-reuse always
+frontend fe
+  bind 127.0.0.1:{port}
+  maxconn {global_maxconn}
+  default_backend be
+backend be
+  balance {balance}
+  http-request set-header X-Forwarded-Proto http
+  http-request set-header X-Forwarded-Host %[req.hdr(host)]
+{server_lines}"""
+
+
+@dataclass
+class HAProxy:
+    proc: Proc
+    port: int
+    config: Path
+
+
+def start_haproxy(procs: Procs, name: str, servers: Sequence[tuple[str, str]], *, maxconn: int,
+                  balance: str, log_port: int | None = None, master_worker: bool = False,
+                  role: str | None = "proxy", global_maxconn: int = 9000) -> HAProxy:
+    haproxy = procs.ctx.tools.get("haproxy")
+    if haproxy is None:
+        raise RuntimeError("haproxy not available")
+    port = free_port()
+    cfg = procs.dir / f"{name}.cfg"
+    write_atomic(cfg, haproxy_cfg(port, servers, maxconn=maxconn, balance=balance, log_port=log_port,
+                                  global_maxconn=global_maxconn))
+    check = subprocess.run([haproxy, "-c", "-f", str(cfg)], capture_output=True, text=True)
+    if check.returncode != 0:
+        raise RuntimeError(f"haproxy config invalid: {check.stdout}{check.stderr}")
+    cmd = [haproxy, "-W", "-db", "-f", str(cfg)] if master_worker else [haproxy, "-db", "-f", str(cfg)]
+    proc = procs.start(name, cmd, role=role)
+    wait_tcp(port, 10, proc.popen)
+    return HAProxy(proc, port, cfg)
+
+
+def wait_tcp(port: int, timeout: float, proc: subprocess.Popen | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"process exited with {proc.returncode}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), 0.5):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"port {port} not listening after {timeout}s")
+
+
+# ---------------------------------------------------------------------------------------
+# load: wrk and the Python load generator
+
+
+@dataclass
+class WrkResult:
+    rps: float
+    p50_ms: float
+    p99_ms: float
+    requests: int
+    errors: int
+    non2xx: int
+    raw: str
+    cpu_us: float = float("nan")  # CPU time of the measured processes per request
+
+
+    def row(self) -> dict[str, Any]:
+        return {"rps": self.rps, "p50_ms": self.p50_ms, "p99_ms": self.p99_ms,
+                "errors": self.errors + self.non2xx}
+
+
+_UNIT = {"us": 0.001, "ms": 1.0, "s": 1000.0, "m": 60000.0}
+
+
+def _ms(text: str) -> float:
+    m = re.match(r"([0-9.]+)(us|ms|s|m)$", text.strip())
+    if not m:
+        return float("nan")
+    return float(m.group(1)) * _UNIT[m.group(2)]
+
+
+def run_wrk(ctx: Ctx, port: int, seconds: float, *, connections: int = 50, threads: int = 1,
+            host: str = "bench", path: str = "/", role: str | None = "load",
+            cpu_pids: Sequence[int] = ()) -> WrkResult:
+    """wrk against 127.0.0.1:port; with cpu_pids, also their CPU time per request."""
+    cpu0 = cpu_seconds(cpu_pids) if cpu_pids else 0.0
+    result = _run_wrk(ctx, port, seconds, connections=connections, threads=threads, host=host, path=path, role=role)
+    if cpu_pids and result.requests:
+        result.cpu_us = (cpu_seconds(cpu_pids) - cpu0) / result.requests * 1e6
+    return result
+
+
+def _run_wrk(ctx: Ctx, port: int, seconds: float, *, connections: int, threads: int,
+             host: str, path: str, role: str | None) -> WrkResult:
+    wrk = ctx.tools.get("wrk")
+    url = f"http://127.0.0.1:{port}{path}"
+    if wrk is None:  # fallback: the Python closed-loop generator
+        res = run_loadgen(ctx, ["closed", "--port", str(port), "--path", path, "--host-header", host,
+                                "--clients", str(connections), "--duration", str(seconds)], role=role)
+        lat = [d - s for s, d, st in zip(res["sent"], res["done"], res["status"]) if st]
+        ok = sum(1 for st in res["status"] if 200 <= st < 300)
+        return WrkResult(len(lat) / seconds, pct(lat, 50) * 1000, pct(lat, 99) * 1000, len(lat),
+                         sum(1 for st in res["status"] if st == 0), len(lat) - ok, "python loadgen")
+    cmd = [*(pin(ctx, role) if role else []), wrk, f"-t{threads}", f"-c{connections}",
+           f"-d{max(1, round(seconds))}s", "--latency", "-H", f"Host: {host}", url]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 60)
+    out = r.stdout
+    rps = float(re.search(r"Requests/sec:\s+([0-9.]+)", out).group(1)) if "Requests/sec" in out else 0.0
+    lat = dict(re.findall(r"^\s+(50|75|90|99)%\s+(\S+)", out, re.M))
+    reqs = re.search(r"(\d+) requests in", out)
+    errs = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", out)
+    non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    return WrkResult(
+        rps=rps,
+        p50_ms=_ms(lat.get("50", "nan")),
+        p99_ms=_ms(lat.get("99", "nan")),
+        requests=int(reqs.group(1)) if reqs else 0,
+        errors=sum(int(x) for x in errs.groups()) if errs else 0,
+        non2xx=int(non2xx.group(1)) if non2xx else 0,
+        raw=out + r.stderr,
+    )
+
+
+def loadgen_cmd(args: Sequence[str]) -> list[str]:
+    return [PYTHON, "-m", "bench.loadgen", *args]
+
+
+def run_loadgen(ctx: Ctx, args: Sequence[str], role: str | None = "load",
+                timeout: float = 600) -> dict[str, Any]:
+    out = ctx.work / f"loadgen-{time.monotonic_ns()}.json"
+    cmd = [*(pin(ctx, role) if role else []), *loadgen_cmd([*args, "--out", str(out)])]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=str(ROOT))
+    if r.returncode != 0:
+        raise RuntimeError(f"loadgen failed ({r.returncode}): {r.stderr[-2000:]}")
+    data = json.loads(out.read_text())
+    out.unlink()
+    return data
+
+
+def start_loadgen(ctx: Ctx, args: Sequence[str], out: Path, role: str | None = "load") -> subprocess.Popen:
+    cmd = [*(pin(ctx, role) if role else []), *loadgen_cmd([*args, "--out", str(out)])]
+    return subprocess.Popen(cmd, cwd=str(ROOT), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+# ---------------------------------------------------------------------------------------
+# numbers
+
+
+def pct(values: Sequence[float], p: float) -> float:
+    """Nearest-rank percentile; nan when empty."""
+    if not values:
+        return float("nan")
+    s = sorted(values)
+    k = max(0, min(len(s) - 1, int(round(p / 100 * len(s) + 0.5)) - 1))
+    return s[k]
+
+
+def mean(values: Sequence[float]) -> float:
+    return statistics.fmean(values) if values else float("nan")
+
+
+def median(values: Sequence[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def fmt(x: Any, digits: int = 2) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, bool):
+        return "yes" if x else "no"
+    if isinstance(x, int):
+        return f"{x:,}"
+    if isinstance(x, float):
+        if x != x:
+            return "n/a"
+        if abs(x) >= 1000:
+            return f"{x:,.0f}"
+        return f"{x:.{digits}f}"
+    return str(x)

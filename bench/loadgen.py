@@ -1,0 +1,462 @@
+"""A small HTTP/1.1 load generator: open loop, closed loop, and "hold N connections".
+
+    python -m bench.loadgen open   --port P --rate 1000 --duration 10 [--poisson --seed 1]
+                                   [--count N] [--conns 32] --out result.json
+    python -m bench.loadgen closed --port P --clients 16 --duration 20 --out result.json
+    python -m bench.loadgen hold   --port P --n 10000 --out result.json
+
+Open loop (coordinated-omission safe): request i has a scheduled send time fixed in
+advance (every 1/rate s, or Poisson gaps with a seed); it is sent at that time on an
+idle keep-alive connection (a new one is opened when none is idle, up to --max-conns),
+and its latency is measured from the *scheduled* time, so a slow server makes the
+latency grow instead of the rate drop. The send times are kept too ("sent"), so
+service latency (from the actual send) is available as well.
+
+Closed loop: --clients connections, each sends its next request when the previous
+response has arrived, for --duration seconds.
+
+Hold: opens --n connections, sends one request on each and keeps them open (queued
+requests), prints ``HELD n`` and waits for SIGTERM (at most 15 minutes).
+
+Keep-alive: a connection the server closes after "Connection: close" is reopened for the
+next request. A request that fails on a *reused* connection before a single response
+byte arrived (the server closed an idle keep-alive connection as the request went out)
+is retried once on a fresh connection, as HTTP clients do for idempotent requests; it
+is counted in "retried". Anything else is a failure (status 0).
+
+Timing uses time.monotonic() (system-wide on Linux, so other processes can relate it to
+their own events). Waits go through select() on an epoll fd: select() takes a
+microsecond timeout where epoll_wait rounds up to milliseconds.
+
+Output (JSON): sched, sent, done (absolute monotonic seconds) and status per request
+(0 = failed), retried, errors by kind, connections opened.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import json
+import random
+import resource
+import select
+import signal
+import socket
+import sys
+import time
+from collections import deque
+from typing import Any
+
+mono = time.monotonic
+
+
+def raise_nofile() -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (ValueError, OSError):
+        pass
+
+
+class Conn:
+    __slots__ = ("sock", "fd", "buf", "req", "used", "head_end", "clen", "chunked", "close_after", "status",
+                 "got_bytes")
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.fd = sock.fileno()
+        self.buf = bytearray()
+        self.req = -1
+        self.used = 0
+        self.reset()
+
+    def reset(self) -> None:
+        self.buf.clear()
+        self.head_end = -1
+        self.clen = -1
+        self.chunked = False
+        self.close_after = False
+        self.status = 0
+        self.got_bytes = False
+
+    def complete(self) -> bool:
+        """True once the buffered bytes hold one whole response."""
+        buf = self.buf
+        if self.head_end < 0:
+            i = buf.find(b"\r\n\r\n")
+            if i < 0:
+                return False
+            self.head_end = i + 4
+            head = bytes(buf[:i]).decode("latin-1").split("\r\n")
+            try:
+                self.status = int(head[0].split(" ", 2)[1])
+            except (IndexError, ValueError):
+                self.status = 0
+            http10 = head[0].startswith("HTTP/1.0")
+            self.close_after = http10
+            for line in head[1:]:
+                name, _, value = line.partition(":")
+                name = name.strip().lower()
+                if name == "content-length":
+                    self.clen = int(value.strip())
+                elif name == "transfer-encoding":
+                    self.chunked = "chunked" in value.lower()
+                elif name == "connection":
+                    v = value.lower()
+                    if "close" in v:
+                        self.close_after = True
+                    elif "keep-alive" in v:
+                        self.close_after = False
+            if self.status in (204, 304) or 100 <= self.status < 200:
+                self.clen = 0
+        if self.clen >= 0:
+            return len(buf) >= self.head_end + self.clen
+        if self.chunked:
+            return buf.endswith(b"0\r\n\r\n") and len(buf) > self.head_end
+        return False  # read until close: completed by EOF
+
+
+class Generator:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.addr = (args.host, args.port)
+        self.request = (f"{args.method} {args.path} HTTP/1.1\r\nHost: {args.host_header}\r\n"
+                        f"User-Agent: bench-loadgen\r\n\r\n").encode()
+        self.ep = select.epoll()
+        self.conns: dict[int, Conn] = {}
+        self.idle: list[Conn] = []
+        self.opened = 0
+        self.retried = 0
+        self.errors: dict[str, int] = {}
+
+    # -- connections ------------------------------------------------------------------
+
+    def connect(self) -> Conn:
+        sock = socket.create_connection(self.addr, timeout=10)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.setblocking(False)
+        conn = Conn(sock)
+        self.conns[conn.fd] = conn
+        self.ep.register(conn.fd, select.EPOLLIN | select.EPOLLRDHUP)
+        self.opened += 1
+        return conn
+
+    def drop(self, conn: Conn) -> None:
+        if self.conns.pop(conn.fd, None) is not None:
+            try:
+                self.ep.unregister(conn.fd)
+            except OSError:
+                pass
+            conn.sock.close()
+        if conn in self.idle:
+            self.idle.remove(conn)
+
+    def wait(self, timeout: float) -> list[tuple[int, int]]:
+        if timeout > 0:
+            select.select([self.ep.fileno()], [], [], timeout)
+        return self.ep.poll(0)
+
+    def error(self, kind: str) -> None:
+        self.errors[kind] = self.errors.get(kind, 0) + 1
+
+    def send(self, conn: Conn, req: int) -> bool:
+        """Send the request; False when the connection turned out to be dead."""
+        conn.reset()
+        conn.req = req
+        try:
+            n = conn.sock.send(self.request)
+            if n < len(self.request):
+                conn.sock.setblocking(True)
+                conn.sock.sendall(self.request[n:])
+                conn.sock.setblocking(False)
+        except OSError:
+            return False
+        return True
+
+    def on_readable(self, conn: Conn) -> tuple[str, int]:
+        """('done', status) | ('more', 0) | ('retry', 0) | ('fail', 0) | ('idle-closed', 0)."""
+        try:
+            data = conn.sock.recv(262144)
+        except BlockingIOError:
+            return "more", 0
+        except OSError:
+            data = None
+        if conn.req < 0:  # an idle connection became readable: the server closed it
+            return "idle-closed", 0
+        if data:
+            conn.got_bytes = True
+            conn.buf += data
+            if conn.complete():
+                return "done", conn.status
+            return "more", 0
+        # EOF or error
+        if conn.head_end >= 0 and conn.clen < 0 and not conn.chunked and data == b"":
+            conn.close_after = True
+            return "done", conn.status  # read-until-close body
+        if not conn.got_bytes and conn.used > 0:
+            return "retry", 0
+        return "fail", 0
+
+
+def run_open(g: Generator, args: argparse.Namespace) -> dict[str, Any]:
+    rng = random.Random(args.seed)
+    n = args.count if args.count else int(args.rate * args.duration)
+    start = mono() + 0.2
+    sched = []
+    t = start
+    for i in range(n):
+        if args.poisson:
+            t += rng.expovariate(args.rate)
+            sched.append(t)
+        else:
+            sched.append(start + i / args.rate)
+    for _ in range(min(args.conns, args.max_conns)):
+        g.idle.append(g.connect())
+    sent = [0.0] * n
+    done = [0.0] * n
+    status = [0] * n
+    busy: dict[int, Conn] = {}
+    pending: deque[int] = deque()
+    finished = 0
+    nxt = 0
+    hard_deadline = (sched[-1] if sched else start) + args.drain
+    while finished < n:
+        now = mono()
+        if now > hard_deadline:
+            break
+        while nxt < n and sched[nxt] <= now:
+            pending.append(nxt)
+            nxt += 1
+        while pending and (g.idle or len(g.conns) < args.max_conns):
+            if g.idle:
+                conn = g.idle.pop()
+            else:
+                try:
+                    conn = g.connect()
+                except OSError:
+                    g.error("connect")
+                    i = pending.popleft()
+                    done[i] = mono()
+                    finished += 1
+                    continue
+            i = pending.popleft()
+            sent[i] = mono()
+            if g.send(conn, i):
+                busy[conn.fd] = conn
+            else:
+                g.drop(conn)
+                if conn.used > 0:
+                    g.retried += 1
+                    pending.appendleft(i)
+                else:
+                    g.error("send")
+                    done[i] = mono()
+                    finished += 1
+        timeout = (sched[nxt] - mono()) if nxt < n else 0.05
+        if pending and not g.idle and len(g.conns) >= args.max_conns:
+            timeout = min(timeout, 0.05)
+        for fd, _ev in g.wait(min(max(timeout, 0.0), 0.05)):
+            conn = g.conns.get(fd)
+            if conn is None:
+                continue
+            what, st = g.on_readable(conn)
+            if what == "more":
+                continue
+            if what == "idle-closed":
+                g.drop(conn)
+                continue
+            i = conn.req
+            busy.pop(fd, None)
+            conn.req = -1
+            if what == "done":
+                done[i] = mono()
+                status[i] = st
+                finished += 1
+                conn.used += 1
+                if conn.close_after:
+                    g.drop(conn)
+                else:
+                    g.idle.append(conn)
+            elif what == "retry":
+                g.drop(conn)
+                g.retried += 1
+                pending.appendleft(i)
+            else:
+                g.drop(conn)
+                g.error("response")
+                done[i] = mono()
+                finished += 1
+    for i in range(n):
+        if done[i] == 0.0:
+            g.error("unfinished")
+            done[i] = mono()
+    return {"mode": "open", "start": start, "sched": sched, "sent": sent, "done": done, "status": status}
+
+
+def run_closed(g: Generator, args: argparse.Namespace) -> dict[str, Any]:
+    start = mono()
+    end = start + args.duration
+    sent: list[float] = []
+    done: list[float] = []
+    status: list[int] = []
+
+    def issue(conn: Conn | None, i: int | None = None) -> None:
+        """Send request i (a new one when None) on conn (a new connection when None)."""
+        while True:
+            if i is None:
+                if mono() >= end:
+                    if conn is not None:
+                        g.drop(conn)
+                    return
+                i = len(sent)
+                sent.append(mono())
+                done.append(0.0)
+                status.append(0)
+            retried = False
+            while True:
+                if conn is None:
+                    try:
+                        conn = g.connect()
+                    except OSError:
+                        g.error("connect")
+                        break
+                if g.send(conn, i):
+                    return
+                reused = conn.used > 0
+                g.drop(conn)
+                conn = None
+                if reused and not retried:
+                    g.retried += 1
+                    retried = True
+                    continue
+                g.error("send")
+                break
+            done[i] = mono()  # request i failed; this client goes on with a new one
+            i = None
+            time.sleep(0.01)
+
+    for _ in range(args.clients):
+        issue(None)
+    while g.conns:
+        for fd, _ev in g.wait(0.05):
+            conn = g.conns.get(fd)
+            if conn is None:
+                continue
+            what, st = g.on_readable(conn)
+            if what == "more":
+                continue
+            if what == "idle-closed":
+                g.drop(conn)
+                continue
+            i = conn.req
+            conn.req = -1
+            if what == "done":
+                done[i] = mono()
+                status[i] = st
+                conn.used += 1
+                if conn.close_after:
+                    g.drop(conn)
+                    issue(None)
+                else:
+                    issue(conn)
+            elif what == "retry":
+                g.drop(conn)
+                g.retried += 1
+                issue(None, i)
+            else:
+                g.drop(conn)
+                g.error("response")
+                done[i] = mono()
+                issue(None)
+        if mono() > end + args.drain:
+            break
+    for i in range(len(done)):
+        if done[i] == 0.0:
+            g.error("unfinished")
+            done[i] = mono()
+    return {"mode": "closed", "start": start, "sched": sent, "sent": sent, "done": done, "status": status}
+
+
+def run_hold(g: Generator, args: argparse.Namespace) -> dict[str, Any]:
+    """Open n connections (at most 256 connecting at once), one request on each."""
+    stop = {"now": False}
+    signal.signal(signal.SIGTERM, lambda *_: stop.__setitem__("now", True))
+    socks: list[socket.socket] = []
+    connecting: dict[int, socket.socket] = {}
+    ep = select.epoll()
+    made = 0
+    failed = 0
+    t0 = mono()
+    while (made < args.n or connecting) and mono() - t0 < args.duration:
+        while made < args.n and len(connecting) < 256:
+            s = socket.socket()
+            s.setblocking(False)
+            err = s.connect_ex(g.addr)
+            if err not in (0, errno.EINPROGRESS):
+                failed += 1
+                s.close()
+            else:
+                connecting[s.fileno()] = s
+                ep.register(s.fileno(), select.EPOLLOUT)
+            made += 1
+        for fd, _ev in ep.poll(0.05):
+            s = connecting.pop(fd)
+            ep.unregister(fd)
+            if s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
+                failed += 1
+                s.close()
+                continue
+            try:
+                s.send(g.request)
+            except OSError:
+                failed += 1
+                s.close()
+                continue
+            socks.append(s)
+    print(f"HELD {len(socks)} failed {failed} in {mono() - t0:.2f}s", flush=True)
+    deadline = mono() + 900  # never outlive a crashed bench for long
+    while not stop["now"] and mono() < deadline:
+        time.sleep(0.1)
+    for s in socks:
+        s.close()
+    return {"mode": "hold", "held": len(socks), "failed": failed}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="HTTP/1.1 load generator")
+    ap.add_argument("mode", choices=("open", "closed", "hold"))
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--path", default="/")
+    ap.add_argument("--method", default="GET")
+    ap.add_argument("--host-header", default="bench")
+    ap.add_argument("--rate", type=float, default=1000.0)
+    ap.add_argument("--duration", type=float, default=10.0)
+    ap.add_argument("--count", type=int, default=0)
+    ap.add_argument("--poisson", action="store_true")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--conns", type=int, default=32)
+    ap.add_argument("--max-conns", type=int, default=900)
+    ap.add_argument("--clients", type=int, default=16)
+    ap.add_argument("--drain", type=float, default=30.0, help="seconds to wait for late responses")
+    ap.add_argument("--n", type=int, default=1000)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args(argv)
+    raise_nofile()
+    g = Generator(args)
+    if args.mode == "open":
+        result = run_open(g, args)
+    elif args.mode == "closed":
+        result = run_closed(g, args)
+    else:
+        args.duration = max(args.duration, 120.0)
+        result = run_hold(g, args)
+    result["retried"] = g.retried
+    result["errors"] = g.errors
+    result["opened"] = g.opened
+    with open(args.out, "w") as f:
+        json.dump(result, f)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,183 @@
+"""Overhead: what a proxy adds in front of a fast backend (nginx, 5-byte answers).
+
+(a) Latency at a fixed 1,000 req/s, open loop (``bench.loadgen open``; latency from the
+    scheduled send time, so a slow proxy cannot slow the rate down): direct nginx,
+    HAProxy, activator; added = proxy - direct.
+(b) Saturation throughput, wrk -t1 -c50, the proxy on one core: direct, HAProxy,
+    activator, and the Falcon "hello" app on the same server stack (the ceiling of any
+    Python proxy here). Variants of activator: access log on (to a file) and StatsD to a
+    UDP port nobody listens on.
+
+Equivalent configs: activator ``container_concurrency: 100`` with one pod (round-robin,
+no queueing at 50 connections); HAProxy ``balance roundrobin``, ``server ... maxconn 100``,
+``http-reuse always``, keep-alive, ``option forwardfor`` and the same X-Forwarded-Proto /
+-Host headers.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from . import common as c
+from .report import Section, Table, Target
+
+
+def _open_loop(ctx: c.Ctx, port: int, seconds: float, warmup: float) -> dict[str, Any]:
+    res = c.run_loadgen(ctx, ["open", "--port", str(port), "--rate", "1000", "--duration",
+                              str(seconds + warmup), "--conns", "32"])
+    t0 = res["start"] + warmup
+    lat = [(d - s) * 1000 for s, d, st in zip(res["sched"], res["done"], res["status"]) if s >= t0 and st]
+    svc = [(d - s) * 1000 for s, d, st, sch in zip(res["sent"], res["done"], res["status"], res["sched"])
+           if sch >= t0 and st]
+    failed = sum(1 for s, st in zip(res["sched"], res["status"]) if s >= t0 and not (200 <= st < 300))
+    span = (max(res["done"]) - t0) if res["done"] else 0
+    return {"lat": lat, "svc": svc, "failed": failed, "n": len(lat), "rate": len(lat) / span if span else 0,
+            "retried": res["retried"], "opened": res["opened"]}
+
+
+def run(ctx: c.Ctx) -> Section:
+    sec = Section("overhead", "Overhead: added latency and saturation throughput (nginx backend)")
+    sec.intro = (
+        "Backend: nginx-light, 1 worker, `return 200 \"hello\"`, keep-alive. activator: "
+        "`container_concurrency: 100`, one pod, `access_log: false`, no StatsD (unless stated). "
+        "HAProxy: `nbthread 1`, `balance roundrobin`, `server ... maxconn 100`, `http-reuse always`, "
+        "`option forwardfor` + the same X-Forwarded-Proto/-Host headers. "
+        "Falcon hello: `bench/hello_app.py` (gevent pywsgi + TCP_NODELAY listener + Pool, one falcon "
+        "resource answering \"hello\"); \"hello, activator's handler\" is the same app served with "
+        "activator's strict `handler.StrictHandler`."
+    )
+    have_haproxy = ctx.tools.get("haproxy") is not None
+    with c.Procs(ctx, "overhead") as procs:
+        nginx_proc, nginx = c.start_nginx(procs)
+        service = {"web": {"hosts": ["*"], "cc": 100, "queue_depth": 1000, "pods": [f"127.0.0.1:{nginx}"]}}
+        act = c.start_activator(procs, "activator", service)
+        act_log = c.start_activator(procs, "activator-accesslog", service, access_log=True)
+        dead = c.free_port(c.socket.SOCK_DGRAM)
+        act_statsd = c.start_activator(procs, "activator-statsd-dead", service, statsd=f"127.0.0.1:{dead}")
+        hap = c.start_haproxy(procs, "haproxy", [("nginx", f"127.0.0.1:{nginx}")], maxconn=100,
+                              balance="roundrobin") if have_haproxy else None
+        hello_proc, hello = c.start_hello(procs)
+        hello_strict_proc, hello_strict = c.start_hello(procs, "hello-strict", strict=True)
+
+        # (a) open loop at 1,000 req/s
+        seconds, warmup = ctx.dur(10, 2), ctx.dur(2, 0.5)
+        rounds = ctx.n(2, 1)
+        targets_a = [("direct nginx", nginx), ("HAProxy", hap.port if hap else None), ("activator", act.port)]
+        pooled: dict[str, dict[str, Any]] = {}
+        for r in range(rounds):
+            for name, port in targets_a:
+                if port is None:
+                    continue
+                c.log(f"overhead (a) open loop 1000 req/s, {name}, round {r + 1}/{rounds}")
+                res = _open_loop(ctx, port, seconds, warmup)
+                acc = pooled.setdefault(name, {"lat": [], "svc": [], "failed": 0, "rates": [], "retried": 0})
+                acc["lat"] += res["lat"]
+                acc["svc"] += res["svc"]
+                acc["failed"] += res["failed"]
+                acc["retried"] += res["retried"]
+                acc["rates"].append(res["rate"])
+        rows = []
+        direct = pooled.get("direct nginx")
+        added: dict[str, tuple[float, float]] = {}
+        for name, acc in pooled.items():
+            p50, p99, p999 = (c.pct(acc["lat"], q) for q in (50, 99, 99.9))
+            a50 = p50 - c.pct(direct["lat"], 50) if direct else float("nan")
+            a99 = p99 - c.pct(direct["lat"], 99) if direct else float("nan")
+            if name != "direct nginx":
+                added[name] = (a50, a99)
+            rows.append([name, len(acc["lat"]), c.mean(acc["rates"]), p50, p99, p999, max(acc["lat"], default=0),
+                         c.pct(acc["svc"], 50), c.pct(acc["svc"], 99),
+                         "-" if name == "direct nginx" else a50, "-" if name == "direct nginx" else a99,
+                         acc["failed"]])
+        sec.tables.append(Table(
+            f"(a) latency at a fixed 1,000 req/s, open loop ({rounds} x {seconds:g} s after {warmup:g} s warm-up, "
+            "32 keep-alive connections, latency from the scheduled send time; ms)",
+            ["target", "requests", "achieved req/s", "p50", "p99", "p99.9", "max", "p50 from send",
+             "p99 from send", "added p50", "added p99", "failed"], rows))
+
+        # (b) saturation
+        secs_b = ctx.dur(10, 2)
+        rounds_b = ctx.n(3, 1)
+        targets_b: list[tuple[str, int, int]] = [("direct nginx", nginx, nginx_proc.pid)]
+        if hap:
+            targets_b.append(("HAProxy", hap.port, hap.proc.pid))
+        targets_b += [("activator", act.port, act.proc.pid), ("Falcon hello (ceiling)", hello, hello_proc.pid),
+                      ("Falcon hello, activator's handler", hello_strict, hello_strict_proc.pid),
+                      ("activator, access_log: true", act_log.port, act_log.proc.pid),
+                      ("activator, StatsD to a dead port", act_statsd.port, act_statsd.proc.pid)]
+        for name, port, _pid in targets_b:  # warm-up: connections open, code paths hot
+            c.run_wrk(ctx, port, 1)
+        results: dict[str, list[c.WrkResult]] = {}
+        for r in range(rounds_b):
+            for name, port, pid in targets_b:
+                c.log(f"overhead (b) wrk -t1 -c50 {secs_b:g}s, {name}, round {r + 1}/{rounds_b}")
+                results.setdefault(name, []).append(c.run_wrk(ctx, port, secs_b, cpu_pids=[pid]))
+
+        def med(name: str, attr: str) -> float:
+            return c.median([getattr(w, attr) for w in results.get(name, [])])
+
+        base_direct = med("direct nginx", "rps")
+        base_hello = med("Falcon hello (ceiling)", "rps")
+        base_act = med("activator", "rps")
+        rows = []
+        cpu_hello = med("Falcon hello (ceiling)", "cpu_us")
+        for name, _, _ in targets_b:
+            rps = med(name, "rps")
+            cpu = med(name, "cpu_us")
+            rows.append([name, rps, " / ".join(f"{w.rps:,.0f}" for w in results[name]), med(name, "p50_ms"),
+                         med(name, "p99_ms"), rps / base_direct if base_direct else float("nan"),
+                         rps / base_hello if base_hello else float("nan"),
+                         rps / base_act if base_act else float("nan"), cpu, cpu_hello / cpu,
+                         sum(w.errors + w.non2xx for w in results[name])])
+        sec.tables.append(Table(
+            f"(b) saturation, wrk -t1 -c50, {secs_b:g} s, median of {rounds_b} interleaved rounds "
+            "(proxy on one core)",
+            ["target", "req/s (median)", "rounds", "p50 ms", "p99 ms", "/ direct", "/ Falcon hello",
+             "/ activator", "CPU us/req", "Falcon hello CPU / this CPU", "errors"], rows))
+
+        cpu_act = med("activator", "cpu_us")
+        al = med("activator, access_log: true", "rps")
+        sd = med("activator, StatsD to a dead port", "rps")
+        sec.notes.append(
+            "CPU us/req is the CPU time (user + system, from /proc) the server process used during the wrk run "
+            "divided by the requests served: unlike req/s it hardly depends on what else runs on the machine. "
+            f"activator {cpu_act:.0f} us vs Falcon hello {cpu_hello:.0f} us: proxying adds "
+            f"{cpu_act - cpu_hello:.0f} us of CPU on top of the bare server stack.")
+        cpu_al = med("activator, access_log: true", "cpu_us")
+        cpu_sd = med("activator, StatsD to a dead port", "cpu_us")
+        if al == al and base_act:
+            sec.notes.append(f"Access log cost: {cpu_al - cpu_act:+.1f} us CPU per request, "
+                             f"{(al / base_act - 1) * 100:+.1f}% throughput (stdout to a file).")
+        if sd == sd and base_act:
+            sec.notes.append(f"StatsD to a dead UDP port: {cpu_sd - cpu_act:+.1f} us CPU per request, "
+                             f"{(sd / base_act - 1) * 100:+.1f}% throughput vs no StatsD (one pipeline datagram per "
+                             "request; a dead port costs a refused sendto, never a stall).")
+        for name in ("activator", "HAProxy", "Falcon hello (ceiling)"):
+            errs = sum(w.errors + w.non2xx for w in results.get(name, []))
+            if errs:
+                sec.notes.append(f"{name}: {errs} wrk errors/non-2xx across rounds")
+
+    # targets
+    a50, a99 = added.get("activator", (float("nan"), float("nan")))
+    sec.targets.append(Target("added latency p50 @1,000 req/s", "<= 1 ms", f"{a50:.2f} ms", a50 <= 1.0,
+                              "" if a50 <= 1.0 else f"{a50 - 1.0:.2f} ms over"))
+    sec.targets.append(Target("added latency p99 @1,000 req/s", "<= 3 ms", f"{a99:.2f} ms", a99 <= 3.0,
+                              "" if a99 <= 3.0 else f"{a99 - 3.0:.2f} ms over"))
+    ratio = base_act / base_hello if base_hello else float("nan")
+    cpu_ratio = cpu_hello / cpu_act if cpu_act else float("nan")
+    sec.targets.append(Target("saturation throughput vs Falcon hello", ">= 0.6x", f"{ratio:.2f}x "
+                              f"({base_act:,.0f} vs {base_hello:,.0f} req/s); by CPU per request {cpu_ratio:.2f}x",
+                              ratio >= 0.6,
+                              "" if ratio >= 0.6 else f"needs {0.6 * base_hello:,.0f} req/s "
+                              f"(+{(0.6 * base_hello / base_act - 1) * 100:.0f}%)"))
+    hap_rps = med("HAProxy", "rps") if have_haproxy else float("nan")
+    sec.headline.append(f"activator / Falcon hello (saturation, one core): **{ratio:.2f}x** "
+                        f"({base_act:,.0f} vs {base_hello:,.0f} req/s); by CPU per request {cpu_ratio:.2f}x "
+                        f"({cpu_act:.0f} vs {cpu_hello:.0f} us)")
+    sec.headline.append(f"activator / HAProxy (saturation): {base_act / hap_rps:.3f}x; activator / direct nginx: "
+                        f"{base_act / base_direct:.3f}x")
+    ha50, ha99 = added.get("HAProxy", (float("nan"), float("nan")))
+    sec.headline.append(f"added latency at 1,000 req/s: activator p50 +{a50:.2f} ms, p99 +{a99:.2f} ms "
+                        f"(HAProxy p50 +{ha50:.2f} ms, p99 +{ha99:.2f} ms)")
+    return sec

@@ -1,0 +1,118 @@
+"""Where the time goes: py-spy on the running activator under wrk load.
+
+activator (cpu1) in front of nginx (cpu0), wrk -t1 -c50 (cpu0); ``py-spy record
+--nonblocking`` samples the process for 10 s (``--native`` too when it works). The
+collapsed stacks are reduced to: time by function (self), time by function (inclusive:
+on the stack), and time by module file, as shares of the samples in which the process
+was busy (py-spy leaves out idle samples, e.g. the hub waiting in epoll).
+
+Returns markdown (not a Section): it goes at the end of RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import collections
+import re
+import subprocess
+import time
+from pathlib import Path
+
+from . import common as c
+
+
+def _ensure_pyspy(ctx: c.Ctx) -> str | None:
+    if ctx.tools.get("py-spy"):
+        return ctx.tools["py-spy"]
+    if ctx.quick:
+        return None
+    c.log("installing py-spy into the venv (pip)")
+    r = subprocess.run([c.PYTHON, "-m", "pip", "install", "-q", "py-spy"], capture_output=True, text=True)
+    if r.returncode != 0:
+        ctx.note(f"pip install py-spy failed: {r.stderr.strip()[-200:]}")
+        return None
+    path = Path(c.PYTHON).parent / "py-spy"
+    ctx.tools["py-spy"] = str(path) if path.exists() else None
+    return ctx.tools["py-spy"]
+
+
+_FRAME = re.compile(r"^(?P<func>.*?) \((?P<file>[^:()]*)(?::(?P<line>\d+))?\)$")
+
+
+def _short(frame: str, with_line: bool) -> str:
+    m = _FRAME.match(frame)
+    if not m:
+        return frame
+    path = m.group("file")
+    for marker in ("site-packages/", "lib/python3", "/work/main/"):
+        if marker in path:
+            path = path.split(marker, 1)[1]
+    if path.startswith(".") or path.startswith("/"):
+        path = path.rsplit("/", 2)[-1]
+    line = f":{m.group('line')}" if with_line and m.group("line") else ""
+    return f"{m.group('func')} ({path}{line})"
+
+
+def analyse(raw: Path, top: int = 25) -> tuple[int, list[tuple[str, float]], list[tuple[str, float]], list[tuple[str, float]]]:
+    self_t: collections.Counter[str] = collections.Counter()
+    incl: collections.Counter[str] = collections.Counter()
+    files: collections.Counter[str] = collections.Counter()
+    total = 0
+    for line in raw.read_text(errors="replace").splitlines():
+        stack, _, n = line.rpartition(" ")
+        if not stack or not n.isdigit():
+            continue
+        count = int(n)
+        total += count
+        frames = [_short(f, False) for f in stack.split(";")]
+        self_t[frames[-1]] += count
+        for f in set(frames):
+            incl[f] += count
+        leaf = _FRAME.match(stack.split(";")[-1])
+        if leaf:
+            path = _short(stack.split(";")[-1], False).rsplit("(", 1)[-1].rstrip(")")
+            files[path] += count
+    def share(counter: collections.Counter[str]) -> list[tuple[str, float]]:
+        return [(k, 100 * v / total) for k, v in counter.most_common(top)] if total else []
+    return total, share(self_t), share(incl), share(files)
+
+
+def run(ctx: c.Ctx) -> str:
+    spy = _ensure_pyspy(ctx)
+    if spy is None:
+        return "## Where the time goes\n\npy-spy not available: profile skipped.\n"
+    seconds = ctx.dur(10, 2)
+    with c.Procs(ctx, "profile") as procs:
+        _, nginx = c.start_nginx(procs)
+        act = c.start_activator(procs, "activator", {
+            "web": {"hosts": ["*"], "cc": 100, "queue_depth": 1000, "pods": [f"127.0.0.1:{nginx}"]}})
+        c.run_wrk(ctx, act.port, 1)
+        out = procs.dir / "profile.txt"
+        result = None
+        mode = ""
+        for native in (True, False):
+            cmd = [spy, "record", "--nonblocking", "-r", "250", "-f", "raw", "-o", str(out), "-d", str(int(seconds)),
+                   "-p", str(act.proc.pid)] + (["--native"] if native else [])
+            p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            time.sleep(0.5)
+            w = c.run_wrk(ctx, act.port, seconds + 1, cpu_pids=[act.proc.pid])
+            text, _ = p.communicate(timeout=60)
+            if p.returncode == 0 and out.exists() and out.stat().st_size > 0:
+                result, mode = w, ("--native" if native else "Python frames only")
+                break
+            ctx.note(f"py-spy {'--native ' if native else ''}failed: {text.strip()[-300:]}")
+        if result is None:
+            return "## Where the time goes\n\npy-spy could not sample the process: profile skipped.\n"
+    total, self_t, incl, files = analyse(out)
+    lines = ["## Where the time goes (py-spy)", "",
+             f"activator pinned to one core, wrk -t1 -c50 against nginx through it, {result.rps:,.0f} req/s "
+             f"({result.cpu_us:.0f} us CPU per request) while `py-spy record --nonblocking -r 250 {mode}` sampled it "
+             f"for {seconds:g} s: {total:,} busy samples. Shares are of the busy samples. The raw collapsed stacks "
+             f"are in `{out.relative_to(c.ROOT)}` (git-ignored; render with any flamegraph tool).", "",
+             "**By file (self time)**", "", "| file | self % |", "|---|---|"]
+    lines += [f"| `{f}` | {p:.1f} |" for f, p in files[:15]]
+    lines += ["", "**Top functions, self time** (the function itself was running)", "", "| function | self % |",
+              "|---|---|"]
+    lines += [f"| `{f}` | {p:.1f} |" for f, p in self_t[:25]]
+    lines += ["", "**Top functions, inclusive** (on the stack)", "", "| function | inclusive % |", "|---|---|"]
+    lines += [f"| `{f}` | {p:.1f} |" for f, p in incl[:40]]
+    return "\n".join(lines) + "\n"

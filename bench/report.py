@@ -1,0 +1,136 @@
+"""What a scenario hands back, and how RESULTS.md is written from it."""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .common import ROOT, Ctx, fmt, ncpu, pin_text, tool_versions
+
+
+@dataclass
+class Table:
+    title: str
+    headers: list[str]
+    rows: list[list[Any]]
+
+    def render(self) -> str:
+        out = [f"**{self.title}**", "", "| " + " | ".join(self.headers) + " |",
+               "|" + "|".join("---" for _ in self.headers) + "|"]
+        for row in self.rows:
+            out.append("| " + " | ".join(fmt(c) for c in row) + " |")
+        return "\n".join(out)
+
+
+@dataclass
+class Target:
+    name: str
+    goal: str
+    measured: str
+    met: bool | None  # None: could not be measured in this run
+    gap: str = ""
+
+
+@dataclass
+class Section:
+    name: str
+    title: str
+    intro: str = ""
+    tables: list[Table] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    targets: list[Target] = field(default_factory=list)
+    headline: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+    error: str | None = None
+
+    def render(self) -> str:
+        out = [f"## {self.title}", ""]
+        if self.error:
+            out += [f"**Scenario failed:** `{self.error}`", ""]
+        if self.intro:
+            out += [self.intro, ""]
+        for t in self.tables:
+            out += [t.render(), ""]
+        for n in self.notes:
+            out.append(f"- {n}")
+        if self.notes:
+            out.append("")
+        out.append(f"_(scenario took {self.seconds:.0f} s)_")
+        out.append("")
+        return "\n".join(out)
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "?"
+
+
+def git_rev() -> str:
+    try:
+        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                             text=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "activator"], cwd=ROOT,
+                               capture_output=True, text=True).stdout.strip()
+        return rev + (" (activator/ has uncommitted changes)" if dirty else "")
+    except OSError:
+        return "?"
+
+
+def machine_lines(ctx: Ctx) -> list[str]:
+    import falcon
+    import gevent
+
+    versions = tool_versions(ctx.tools)
+    mem = "?"
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal"):
+                mem = f"{int(line.split()[1]) // 1024} MiB"
+    except OSError:
+        pass
+    return [
+        f"- CPUs: {ncpu()} (nproc), `{cpu_model()}`, memory {mem}",
+        f"- kernel: `{platform.release()}`; {platform.platform()}",
+        f"- python: {platform.python_version()}; gevent {gevent.__version__}, falcon {falcon.__version__}",
+        f"- haproxy: `{versions.get('haproxy', 'not available')}`",
+        f"- nginx: `{versions.get('nginx', 'not available')}`",
+        f"- wrk: `{versions.get('wrk', 'not available (Python closed-loop generator used instead)')}`",
+        f"- activator: `{os.environ.get('ACTIVATOR_BIN') or 'python -m activator'}` at commit {git_rev()}",
+        f"- pinning: {pin_text(ctx)}",
+    ]
+
+
+def render(ctx: Ctx, sections: list[Section], command: str, started: float, profile_md: str | None) -> str:
+    out = ["# activator benchmarks", ""]
+    out += [f"Recorded by `{command}` on {time.strftime('%Y-%m-%d %H:%M %Z', time.localtime(started))}, "
+            f"{time.time() - started:.0f} s in all{' (QUICK mode: short runs, numbers are rough)' if ctx.quick else ''}.",
+            "Everything ran on this one machine, servers on 127.0.0.1, in one run: compare the ratios "
+            "(against the baseline measured in the same run) rather than absolute numbers.", ""]
+    out += ["## Machine", ""] + machine_lines(ctx) + [""]
+    heads = [h for s in sections for h in s.headline]
+    if heads:
+        out += ["## Headline", ""] + [f"- {h}" for h in heads] + [""]
+    targets = [t for s in sections for t in s.targets]
+    if targets:
+        out += ["## Targets (issue 8)", "", "| target | goal | measured | met | gap |", "|---|---|---|---|---|"]
+        for t in targets:
+            met = "n/a" if t.met is None else ("**met**" if t.met else "**not met**")
+            out.append(f"| {t.name} | {t.goal} | {t.measured} | {met} | {t.gap or '-'} |")
+        out.append("")
+    for s in sections:
+        out.append(s.render())
+    if profile_md:
+        out += [profile_md, ""]
+    if ctx.notes:
+        out += ["## Run notes", ""] + [f"- {n}" for n in ctx.notes] + [""]
+    return "\n".join(out)

@@ -1,0 +1,267 @@
+"""Scale: 10,000 pods in the file, and 10,000 queued requests.
+
+Pods are distinct loopback addresses ``127.x.y.z:PORT`` served by ONE nginx listening on
+``0.0.0.0:PORT``: every pod is real (a request to any of them is answered), and only the
+pods a test routes to are ever connected.
+
+1. Reload: a file with a 1-pod service ``small`` (the one requests go to) and a service
+   ``big`` with N pods (``probe: null``). Under a steady open-loop stream of 500 req/s
+   to ``small``: the file is changed (100 of the big service's pods drained, or
+   undrained) and SIGHUP sent; also one SIGHUP with no change. Reload time = SIGHUP to
+   the "config reload ... applied" / "no change" log line (log timestamps, ms). Stall =
+   the longest latency (from the scheduled send time) of the requests scheduled while
+   the reload ran, against the same stream before any reload. The file watcher is set
+   to a long interval here so that only the SIGHUP triggers a reload.
+2. Per-request cost with 10 vs N pods in the routed service (a separate activator for
+   each N, so nothing else differs): first-available (cc 1, wrk -c8: no queueing, 8
+   pods busy) and round-robin (cc 100, wrk -c50: every pod used in turn, so N distinct
+   upstream pools and connections; a warm-up opens them first).
+3. Memory: one pod (``/delay?ms=300000``), cc 1, ``queue_depth: 20000``; M client
+   connections each send one request (1 runs, M-1 queue). RSS before and after, per
+   queued request; the same for HAProxy (``maxconn 1`` server, as many connections as
+   its fd limit allows).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+from typing import Any
+
+from . import common as c
+from .report import Section, Table, Target
+
+_RELOAD = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) \w+ config reload \((\w[^)]*)\)(:? applied|: no change)")
+
+
+def pod_address(i: int, port: int) -> str:
+    return f"127.{10 + i // 62500}.{(i // 250) % 250 + 1}.{i % 250 + 1}:{port}"
+
+
+def _log_reloads(path) -> list[tuple[float, str]]:
+    out = []
+    for line in open(path, errors="replace"):
+        m = _RELOAD.match(line)
+        if m:
+            wall = time.mktime(time.strptime(m.group(1), "%Y-%m-%d %H:%M:%S")) + int(m.group(2)) / 1000
+            out.append((wall, m.group(4).strip(": ")))
+    return out
+
+
+def _reload_test(ctx: c.Ctx, procs: c.Procs, nginx: int, npods: int, sec: Section) -> None:
+    pods = [pod_address(i, nginx) for i in range(npods)]
+
+    def services(drained: int) -> dict[str, Any]:
+        big = [{"address": a, "drain": True} if i < drained else a for i, a in enumerate(pods)]
+        return {"small": {"hosts": ["small"], "cc": 100, "pods": [f"127.0.0.1:{nginx}"]},
+                "big": {"hosts": ["big"], "cc": 1, "pods": big}}
+
+    t_start = time.monotonic()
+    act = c.start_activator(procs, "activator-reload", services(0), env={"ACTIVATOR_WATCH_INTERVAL": "3600"},
+                            ready_timeout=120)
+    startup = time.monotonic() - t_start
+    rss = act.proc.rss_kb()
+    events = ["change", "change", "change", "no change"] if not ctx.quick else ["change", "no change"]
+    gap = 2.5
+    lead = 2.0
+    duration = lead + gap * len(events) + 0.5
+    out = ctx.work / "scale-stream.json"
+    lg = c.start_loadgen(ctx, ["open", "--port", str(act.port), "--host-header", "small", "--rate", "500",
+                               "--duration", str(duration), "--conns", "16"], out)
+    time.sleep(0.3)  # the generator starts its schedule 0.2 s after it starts
+    t0 = time.monotonic()
+    sent: list[tuple[float, float, str]] = []  # (monotonic, wall, kind)
+    drained = 0
+    for k, kind in enumerate(events):
+        time.sleep(max(0.0, t0 + lead + gap * k - time.monotonic()))
+        if kind == "change":
+            drained = 100 if drained == 0 else 0
+            c.write_atomic(act.config, c.activator_yaml(act.port, act.admin, services(drained)))
+        mono, wall = time.monotonic(), time.time()
+        os.kill(act.proc.pid, signal.SIGHUP)
+        sent.append((mono, wall, kind))
+    _, err = lg.communicate(timeout=duration + 60)
+    if lg.returncode != 0:
+        raise RuntimeError(f"loadgen failed: {err[-2000:]}")
+    import json
+
+    res = json.loads(out.read_text())
+    offset = time.time() - time.monotonic()
+    logs = _log_reloads(act.proc.stderr)
+    reqs = [(s, (d - s) * 1000, st) for s, d, st in zip(res["sched"], res["done"], res["status"])]
+    first = sent[0][0] if sent else float("inf")
+    base = [lat for s, lat, st in reqs if res["start"] + 0.5 <= s < first - 0.1]
+    failed = sum(1 for _, _, st in reqs if st != 200)
+    rows = []
+    reload_ms: list[float] = []
+    stall_ms: list[float] = []
+    for (mono, wall, kind), logged in zip(sent, logs):
+        done_wall = logged[0]
+        took = (done_wall - wall) * 1000
+        done_mono = done_wall - offset
+        window = [lat for s, lat, st in reqs if mono - 0.002 <= s <= done_mono + 0.002]
+        worst = max(window, default=float("nan"))
+        rows.append([kind, logged[1], took, len(window), worst, worst - c.pct(base, 50)])
+        if kind == "change":
+            reload_ms.append(took)
+            stall_ms.append(worst)
+    sec.tables.append(Table(
+        f"reload of a file with {npods:,} pods (+1), under 500 req/s to the 1-pod service",
+        ["reload", "logged", "SIGHUP -> applied ms", "requests during it", "max latency during it ms",
+         "over stream p50 ms"], rows))
+    sec.notes.append(
+        f"The stream before any reload: p50 {c.pct(base, 50):.2f} ms, p99 {c.pct(base, 99):.2f} ms, max "
+        f"{max(base, default=float('nan')):.2f} ms ({len(base)} requests); {failed} failed in the whole stream. "
+        f"Startup with {npods:,} pods: {startup:.2f} s to /readyz; RSS {rss / 1024:.0f} MiB.")
+    if len(logs) != len(sent):
+        sec.notes.append(f"expected {len(sent)} reload log lines, found {len(logs)}")
+    if reload_ms:
+        worst_reload = max(reload_ms)
+        worst_stall = max(stall_ms)
+        full = npods >= 10000
+        sec.targets.append(Target(f"reload of {npods:,} pods", "<= 200 ms", f"{worst_reload:.0f} ms (worst of "
+                                  f"{len(reload_ms)})", worst_reload <= 200 if full else None,
+                                  "" if worst_reload <= 200 else f"{worst_reload - 200:.0f} ms over"))
+        sec.targets.append(Target("request stall during that reload", "<= 10 ms",
+                                  f"{worst_stall:.1f} ms max latency (stream p50 {c.pct(base, 50):.2f} ms)",
+                                  worst_stall <= 10 if full else None,
+                                  "" if worst_stall <= 10 else f"{worst_stall - 10:.1f} ms over"))
+        sec.headline.append(f"reload of {npods:,} pods: {worst_reload:.0f} ms; longest request during it "
+                            f"{worst_stall:.1f} ms")
+    procs.stop(act.proc)
+
+
+def _cost_test(ctx: c.Ctx, procs: c.Procs, nginx: int, npods: int, sec: Section) -> None:
+    secs = ctx.dur(10, 2)
+    rounds = ctx.n(2, 1)
+    results: dict[tuple[str, int], list[c.WrkResult]] = {}
+    for n in (10, npods):
+        # a pod belongs to one service: the two services use different addresses
+        act = c.start_activator(procs, f"activator-{n}", {
+            "fa": {"hosts": ["fa"], "cc": 1, "pods": [pod_address(i, nginx) for i in range(n)]},
+            "rr": {"hosts": ["rr"], "cc": 100, "pods": [pod_address(100000 + i, nginx) for i in range(n)]},
+        }, ready_timeout=120)
+        # warm-up: round-robin touches every pod once per n requests; open their pools
+        c.run_wrk(ctx, act.port, 1, connections=8, host="fa")
+        c.run_wrk(ctx, act.port, max(1.0, min(8.0, n / 1500 + 1)), connections=50, host="rr")
+        for r in range(rounds):
+            for policy, conns in (("fa", 8), ("rr", 50)):
+                c.log(f"scale: per-request cost, {n} pods, {policy}, round {r + 1}")
+                results.setdefault((policy, n), []).append(c.run_wrk(ctx, act.port, secs, connections=conns,
+                                                                     host=policy, cpu_pids=[act.proc.pid]))
+        st = act.status()
+        results[("rr-pools", n)] = [len([p for p in st["services"]["rr"]["pods"] if p.get("requests")])]  # type: ignore[list-item]
+        procs.stop(act.proc)
+    rows = []
+    ratios = []
+    for policy, label, conns in (("fa", "first-available, cc 1", 8), ("rr", "round-robin, cc 100", 50)):
+        small = c.median([w.rps for w in results[(policy, 10)]])
+        big = c.median([w.rps for w in results[(policy, npods)]])
+        cpu_small = c.median([w.cpu_us for w in results[(policy, 10)]])
+        cpu_big = c.median([w.cpu_us for w in results[(policy, npods)]])
+        ratios.append(cpu_big / cpu_small)
+        used = results.get(("rr-pools", npods), [0])[0] if policy == "rr" else 8
+        rows.append([label, conns, small, big, big / small, cpu_small, cpu_big, cpu_big / cpu_small,
+                     c.median([w.p99_ms for w in results[(policy, 10)]]),
+                     c.median([w.p99_ms for w in results[(policy, npods)]]), used])
+    sec.tables.append(Table(
+        f"per-request cost, 10 vs {npods:,} pods in the routed service (wrk -t1, {secs:g} s, median of {rounds}; "
+        "CPU us/req = activator's CPU time / requests)",
+        ["policy", "wrk -c", "req/s, 10 pods", f"req/s, {npods:,} pods", "req/s ratio", "CPU us/req, 10 pods",
+         f"CPU us/req, {npods:,} pods", "CPU ratio", "p99 ms, 10", f"p99 ms, {npods:,}", "pods that served"], rows))
+    worst = max(ratios)
+    sec.targets.append(Target("per-request cost flat in the number of pods",
+                              f"CPU per request with {npods:,} pods <= 1.1x of 10 pods",
+                              " / ".join(f"{r:.2f}x" for r in ratios) + " (first-available / round-robin)",
+                              worst <= 1.1 if npods >= 10000 else None,
+                              "" if worst <= 1.1 else f"{(worst - 1) * 100:.0f}% more CPU per request"))
+    sec.headline.append(f"per-request CPU cost with {npods:,} vs 10 pods: "
+                        + " / ".join(f"{r:.2f}x" for r in ratios) + " (first-available / round-robin)")
+
+
+def _memory_test(ctx: c.Ctx, procs: c.Procs, nqueued: int, sec: Section) -> None:
+    rows = []
+    _, pod = c.start_backend(procs, "slow-pod")
+    act = c.start_activator(procs, "activator-queue", {
+        "slow": {"hosts": ["*"], "cc": 1, "queue_depth": 20000, "queue_timeout": "600s",
+                 "pods": [f"127.0.0.1:{pod}"]}}, max_connections=20000)
+    time.sleep(0.5)
+    before = act.proc.rss_kb()
+    out = ctx.work / "hold.json"
+    t0 = time.monotonic()
+    holder = c.start_loadgen(ctx, ["hold", "--port", str(act.port), "--path", "/delay?ms=300000",
+                                   "--n", str(nqueued)], out)
+    queued = 0
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            queued = act.status()["services"]["slow"]["queued"]
+        except Exception:
+            pass
+        if queued >= nqueued - 1:
+            break
+        time.sleep(0.25)
+    fill = time.monotonic() - t0
+    time.sleep(0.5)
+    after = act.proc.rss_kb()
+    t1 = time.monotonic()
+    st = c.http_get(f"http://127.0.0.1:{act.admin}/readyz")[0]
+    admin_ms = (time.monotonic() - t1) * 1000
+    holder.terminate()
+    holder.communicate(timeout=30)
+    t2 = time.monotonic()
+    left = queued
+    while time.monotonic() - t2 < 60:
+        try:
+            left = act.status()["services"]["slow"]["queued"]
+        except Exception:
+            pass
+        if left == 0:
+            break
+        time.sleep(0.1)
+    cleanup = time.monotonic() - t2
+    rows.append(["activator", queued, before / 1024, after / 1024, (after - before) / max(queued, 1),
+                 f"{fill:.1f} s to queue them; /readyz answered in {admin_ms:.0f} ms with all queued; "
+                 f"{cleanup:.1f} s for the queue to empty after the clients hung up (left: {left})"])
+    procs.stop(act.proc)
+    sec.headline.append(f"{queued:,} queued requests: activator RSS {before / 1024:.0f} -> {after / 1024:.0f} MiB "
+                        f"({(after - before) / max(queued, 1):.1f} KiB per queued request)")
+    if ctx.tools.get("haproxy"):
+        _, pod2 = c.start_backend(procs, "slow-pod-2")
+        n_h = min(nqueued, 8500)
+        hap = c.start_haproxy(procs, "haproxy-queue", [("slow", f"127.0.0.1:{pod2}")], maxconn=1, balance="first",
+                              global_maxconn=9000)
+        time.sleep(0.5)
+        before = hap.proc.rss_kb()
+        holder = c.start_loadgen(ctx, ["hold", "--port", str(hap.port), "--path", "/delay?ms=300000",
+                                       "--n", str(n_h)], ctx.work / "hold-h.json")
+        line = holder.stdout.readline()
+        time.sleep(1.0)
+        after = hap.proc.rss_kb()
+        held = int(line.split()[1]) if line.startswith("HELD") else n_h
+        holder.terminate()
+        holder.communicate(timeout=30)
+        rows.append(["HAProxy", held, before / 1024, after / 1024, (after - before) / max(held, 1),
+                     "global maxconn 9000 (fd limit): fewer connections"])
+        procs.stop(hap.proc)
+    sec.tables.append(Table("memory with queued requests (1 pod, cc 1, every other request queued)",
+                            ["proxy", "queued", "RSS before MiB", "RSS after MiB", "KiB per queued", "notes"], rows))
+
+
+def run(ctx: c.Ctx) -> Section:
+    npods = ctx.n(10000, 2000)
+    nqueued = ctx.n(10000, 1000)
+    sec = Section("scale", f"Scale: {npods:,} pods in the file, {nqueued:,} queued requests")
+    sec.intro = (f"Pods are distinct loopback addresses `127.x.y.z:PORT`, all served by one nginx listening on "
+                 f"`0.0.0.0:PORT`, `probe: null`. activator on cpu1, nginx and the load on cpu0.")
+    with c.Procs(ctx, "scale") as procs:
+        _, nginx = c.start_nginx(procs, any_address=True)
+        c.log(f"scale: reload with {npods} pods")
+        _reload_test(ctx, procs, nginx, npods, sec)
+        c.log(f"scale: per-request cost 10 vs {npods} pods")
+        _cost_test(ctx, procs, nginx, npods, sec)
+        c.log(f"scale: memory with {nqueued} queued")
+        _memory_test(ctx, procs, nqueued, sec)
+    return sec
