@@ -62,39 +62,42 @@ def run(ctx: c.Ctx) -> Section:
 
         # (a) open loop at 1,000 req/s
         seconds, warmup = ctx.dur(10, 2), ctx.dur(2, 0.5)
-        rounds = ctx.n(2, 1)
+        rounds = ctx.n(3, 1)
         targets_a = [("direct nginx", nginx), ("HAProxy", hap.port if hap else None), ("activator", act.port)]
-        pooled: dict[str, dict[str, Any]] = {}
+        runs: dict[str, list[dict[str, Any]]] = {}
         for r in range(rounds):
             for name, port in targets_a:
                 if port is None:
                     continue
                 c.log(f"overhead (a) open loop 1000 req/s, {name}, round {r + 1}/{rounds}")
-                res = _open_loop(ctx, port, seconds, warmup)
-                acc = pooled.setdefault(name, {"lat": [], "svc": [], "failed": 0, "rates": [], "retried": 0})
-                acc["lat"] += res["lat"]
-                acc["svc"] += res["svc"]
-                acc["failed"] += res["failed"]
-                acc["retried"] += res["retried"]
-                acc["rates"].append(res["rate"])
+                runs.setdefault(name, []).append(_open_loop(ctx, port, seconds, warmup))
+        # Percentiles per round, then the median over rounds: one round disturbed by
+        # something else on the machine does not decide the result.
         rows = []
-        direct = pooled.get("direct nginx")
+        direct = runs.get("direct nginx", [])
         added: dict[str, tuple[float, float]] = {}
-        for name, acc in pooled.items():
-            p50, p99, p999 = (c.pct(acc["lat"], q) for q in (50, 99, 99.9))
-            a50 = p50 - c.pct(direct["lat"], 50) if direct else float("nan")
-            a99 = p99 - c.pct(direct["lat"], 99) if direct else float("nan")
-            if name != "direct nginx":
-                added[name] = (a50, a99)
-            rows.append([name, len(acc["lat"]), c.mean(acc["rates"]), p50, p99, p999, max(acc["lat"], default=0),
-                         c.pct(acc["svc"], 50), c.pct(acc["svc"], 99),
-                         "-" if name == "direct nginx" else a50, "-" if name == "direct nginx" else a99,
-                         acc["failed"]])
+        for name, rs in runs.items():
+            p50s = [c.pct(x["lat"], 50) for x in rs]
+            p99s = [c.pct(x["lat"], 99) for x in rs]
+            if name != "direct nginx" and direct:
+                a50s = [p - c.pct(d["lat"], 50) for p, d in zip(p50s, direct)]
+                a99s = [p - c.pct(d["lat"], 99) for p, d in zip(p99s, direct)]
+                added[name] = (c.median(a50s), c.median(a99s))
+            else:
+                a50s = a99s = []
+            rows.append([name, sum(x["n"] for x in rs), c.mean([x["rate"] for x in rs]), c.median(p50s),
+                         c.median(p99s), c.median([c.pct(x["lat"], 99.9) for x in rs]),
+                         max(max(x["lat"], default=0) for x in rs),
+                         c.median([c.pct(x["svc"], 50) for x in rs]), c.median([c.pct(x["svc"], 99) for x in rs]),
+                         " / ".join(f"{v:.2f}" for v in p99s),
+                         "-" if not a50s else added[name][0], "-" if not a99s else added[name][1],
+                         sum(x["failed"] for x in rs)])
         sec.tables.append(Table(
-            f"(a) latency at a fixed 1,000 req/s, open loop ({rounds} x {seconds:g} s after {warmup:g} s warm-up, "
-            "32 keep-alive connections, latency from the scheduled send time; ms)",
+            f"(a) latency at a fixed 1,000 req/s, open loop ({rounds} interleaved rounds of {seconds:g} s after "
+            f"{warmup:g} s warm-up, 32 keep-alive connections, latency from the scheduled send time; ms; "
+            "percentiles per round, median over rounds)",
             ["target", "requests", "achieved req/s", "p50", "p99", "p99.9", "max", "p50 from send",
-             "p99 from send", "added p50", "added p99", "failed"], rows))
+             "p99 from send", "p99 per round", "added p50", "added p99", "failed"], rows))
 
         # (b) saturation
         secs_b = ctx.dur(10, 2)

@@ -46,6 +46,7 @@ class Section:
     targets: list[Target] = field(default_factory=list)
     headline: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    load: str = ""
     error: str | None = None
 
     def render(self) -> str:
@@ -60,7 +61,7 @@ class Section:
             out.append(f"- {n}")
         if self.notes:
             out.append("")
-        out.append(f"_(scenario took {self.seconds:.0f} s)_")
+        out.append(f"_(scenario took {self.seconds:.0f} s; load average {self.load})_")
         out.append("")
         return "\n".join(out)
 

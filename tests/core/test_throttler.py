@@ -221,6 +221,7 @@ def test_abandon_removes_a_queued_waiter() -> None:
     t.check_invariants()
     t.release(g, 1.0)
     assert notes.calls == ["w2"]  # w1 is gone, never woken
+    assert w1.grant is None and w2.grant is not None
 
 
 def test_abandon_returns_the_grant_if_it_was_already_granted() -> None:
