@@ -22,6 +22,10 @@ from .core.errors import QueueTimeout
 from .core.throttler import Grant, ServiceThrottler, Waiter
 
 
+class Redirected(Exception):
+    """The waiter was taken out of the queue to be forwarded: this process owns no slot now."""
+
+
 def _wait(throttler: ServiceThrottler, first: Grant | Waiter, event: Event, timeout: float,
           client_socket: Any) -> Grant:
     if isinstance(first, Grant):
@@ -50,7 +54,7 @@ def _wait(throttler: ServiceThrottler, first: Grant | Waiter, event: Event, time
             throttler.release(grant, time.monotonic())
         raise client.ClientGone()
     if grant is None:
-        raise QueueTimeout()
+        raise Redirected() if first.redirected else QueueTimeout()
     return grant
 
 

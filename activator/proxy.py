@@ -26,7 +26,14 @@ from typing import Any, Callable
 import falcon
 
 from . import client, gate
-from .core.errors import ActivatorError, NotOriginForm, ShuttingDown, UpstreamConnectError, UpstreamTimeout
+from .core.errors import (
+    ActivatorError,
+    NotOriginForm,
+    QueueTimeout,
+    ShuttingDown,
+    UpstreamConnectError,
+    UpstreamTimeout,
+)
 from .core.config import ServiceConfig
 from .core.throttler import Grant, ServiceThrottler
 from .handler import CLIENT_SOCKET
@@ -34,18 +41,29 @@ from .core.topology import Forward, Topology
 from .observe import Observer, RequestRecord
 from .upstream import UpstreamBodyError, UpstreamBodyTimeout, UpstreamPool, UpstreamResponse
 
-#: Marks a forwarded request: "peer NAME" (from another activator) or "worker N" (from
-#: a sibling worker process). One hop per level: a request from a peer may still go to
-#: a sibling worker that owns slots, a request from a worker goes nowhere else.
+#: Marks a forwarded request with its hops, e.g. "peer vm-a" or "peer vm-a, worker 1".
 FORWARDED_HEADER = "x-activator-forwarded"
 FORWARDED_ENV = "HTTP_X_ACTIVATOR_FORWARDED"
 
 
+#: Peer hops a request may take: the second only happens while activators disagree
+#: about who owns a service's slots (one applied a new file, the other not yet).
+MAX_PEER_HOPS = 2
+
+
 def may_forward(marker: str | None, kind: str) -> bool:
-    """Whether a request carrying ``marker`` may be forwarded once more, to a ``kind``."""
-    if marker is None:
-        return True
-    return marker.startswith("peer") and kind == "worker"
+    """Whether a request whose hops so far are ``marker`` may go on to a ``kind``.
+
+    A request goes to an owner of the service's slots in one hop. While two
+    activators' files differ, the peer it was sent to may no longer own a slot and
+    know the new owner: a second peer hop is allowed, never a third, so a
+    disagreement cannot loop. A request from a sibling worker goes nowhere else.
+    """
+    hops = [hop.split()[0] for hop in marker.split(",") if hop.strip()] if marker else []
+    if "worker" in hops:
+        return False
+    return kind == "worker" or hops.count("peer") < MAX_PEER_HOPS
+
 
 # Request headers never forwarded (RFC 9110 7.6.1), plus Expect: pywsgi already
 # answered "100 Continue" to the client, and the pod gets the body with its length.
@@ -74,7 +92,7 @@ def forwarded_headers(env: dict[str, Any]) -> list[tuple[str, str]]:
         if name == "x-forwarded-for":
             forwarded_for = value
             continue
-        if name in ("x-forwarded-proto", "x-forwarded-host"):
+        if name in ("x-forwarded-proto", "x-forwarded-host", FORWARDED_HEADER):
             continue
         headers.append((name, value))
     content_type = env.get("CONTENT_TYPE")
@@ -170,8 +188,7 @@ class Proxy:
 
     def __call__(self, req: falcon.Request, resp: falcon.Response, **_: Any) -> None:
         env = req.env
-        now = time.monotonic()
-        record = RequestRecord(start=now, client=env.get("REMOTE_ADDR", "-"), method=env["REQUEST_METHOD"],
+        record = RequestRecord(start=time.monotonic(), client=env.get("REMOTE_ADDR", "-"), method=env["REQUEST_METHOD"],
                                target=env.get("RAW_URI", "/"))
         self.active += 1
         body_owner = False
@@ -183,16 +200,7 @@ class Proxy:
             self.observer.request_started(throttler.name)
             if self.stopping:
                 raise ShuttingDown()
-            config = throttler.config
-            target = self.topology.forward_target(throttler.name)
-            if target is not None and may_forward(env.get(FORWARDED_ENV), target.kind):
-                response = self._forward(env, target, config, record)
-                grant = None
-            else:
-                grant = gate.acquire(throttler, config.queue_timeout, env.get(CLIENT_SOCKET))
-                record.queue_wait = time.monotonic() - now
-                response, grant = self._exchange(env, throttler, grant, record)
-                record.pod = grant.pod.address
+            response, grant = self._obtain_response(env, throttler, record)
             record.status = response.status
             resp.status = f"{response.status} {response.reason}" if response.reason else response.status
             for name, value in response.headers:
@@ -218,6 +226,30 @@ class Proxy:
                 self.active -= 1
                 record.end = time.monotonic()
                 self.observer.request_done(record)
+
+    def _obtain_response(self, env: dict[str, Any], throttler: ServiceThrottler,
+                         record: RequestRecord) -> tuple[UpstreamResponse, Grant | None]:
+        """The response for this request and the grant it holds (None when forwarded).
+
+        Waits for a slot here, unless this process owns none of the service's slots:
+        then (or when they move away while it waits) it forwards to a process that does.
+        """
+        config = throttler.config
+        marker = env.get(FORWARDED_ENV)
+        target = self.topology.forward_target(throttler.name)
+        if target is None or not may_forward(marker, target.kind):
+            try:
+                grant = gate.acquire(throttler, config.queue_timeout, env.get(CLIENT_SOCKET))
+            except gate.Redirected:
+                target = self.topology.forward_target(throttler.name)
+                if target is None or not may_forward(marker, target.kind):
+                    raise QueueTimeout() from None
+            else:
+                record.queue_wait = time.monotonic() - record.start
+                response, grant = self._exchange(env, throttler, grant, record)
+                record.pod = grant.pod.address
+                return response, grant
+        return self._forward(env, target, config, record), None
 
     def _exchange(self, env: dict[str, Any], throttler: ServiceThrottler, grant: Grant,
                   record: RequestRecord) -> tuple[UpstreamResponse, Grant]:
@@ -271,7 +303,9 @@ class Proxy:
         record.pod = f"{target.kind}:{target.address}"
         record.relayed = target.kind == "worker"
         headers = forwarded_headers(env)
-        headers.append((FORWARDED_HEADER, f"{target.kind} {self.self_name}"))
+        hop = f"{target.kind} {self.self_name if target.kind == 'peer' else self.topology.worker_index}"
+        marker = env.get(FORWARDED_ENV)
+        headers.append((FORWARDED_HEADER, f"{marker}, {hop}" if marker else hop))
         body, length = request_body(env)
         return self._pool_for(target.address).request(
             env["REQUEST_METHOD"], record.target, headers, body, length,

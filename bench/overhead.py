@@ -109,8 +109,9 @@ def run(ctx: c.Ctx) -> Section:
                       ("Falcon hello, activator's handler", hello_strict, hello_strict_proc.pid),
                       ("activator, access_log: true", act_log.port, act_log.proc.pid),
                       ("activator, StatsD to a dead port", act_statsd.port, act_statsd.proc.pid)]
-        for name, port, _pid in targets_b:  # warm-up: connections open, code paths hot
-            c.run_wrk(ctx, port, 1)
+        if not ctx.quick:
+            for name, port, _pid in targets_b:  # warm-up: connections open, code paths hot
+                c.run_wrk(ctx, port, 1)
         results: dict[str, list[c.WrkResult]] = {}
         for r in range(rounds_b):
             for name, port, pid in targets_b:

@@ -110,12 +110,15 @@ class Grant:
 class Waiter:
     """A queued request. ``notify()`` is called (without yielding) once ``grant`` is set."""
 
-    __slots__ = ("notify", "enqueued_at", "grant", "__weakref__")
+    __slots__ = ("notify", "enqueued_at", "grant", "redirected", "__weakref__")
 
     def __init__(self, notify: Callable[[], None], now: float) -> None:
         self.notify = notify
         self.enqueued_at = now
         self.grant: Grant | None = None
+        # Taken out of the queue because this process no longer owns any slot of the
+        # service: the shell forwards the request to an owner instead.
+        self.redirected = False
 
 
 class ServiceThrottler:
@@ -274,6 +277,18 @@ class ServiceThrottler:
                 tracker.slots = owned.get(tracker.address, 0)
             self._refresh(tracker)
         self._dispatch(now)
+
+    def redirect_waiters(self) -> None:
+        """Send every waiter back to the shell (notify, no grant, ``redirected``).
+
+        Called when this process stops owning any slot of the service (a peer or a
+        worker took them over): its waiters could only time out here.
+        """
+        queue = self._queue
+        while queue:
+            waiter, _ = queue.popitem(last=False)
+            waiter.redirected = True
+            waiter.notify()
 
     def probe_result(self, address: str, ok: bool, now: float, detail: str = "") -> None:
         """One active probe's verdict. Probes only judge pending and healthy pods."""

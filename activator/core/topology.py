@@ -84,6 +84,8 @@ class Topology:
                 )
             else:
                 throttler.apply(service_config, now, owned)
+                if forward is not None:
+                    throttler.redirect_waiters()
         for name, throttler in list(self.services.items()):
             if name not in config.services:
                 retired = ServiceConfig(name=name, hosts=(), container_concurrency=throttler.config.container_concurrency)

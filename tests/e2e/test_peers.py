@@ -282,25 +282,32 @@ def test_cc2_pods_two_activators_own_one_slot_of_each(pod_factory, activator_fac
 
 def worker_private_addresses(act: Activator) -> list[str]:
     """Each worker's private proxy port, from the ``ACTIVATOR_WORKER`` spec in the
-    environment of the supervisor's children (see workersockets.py)."""
-    specs = []
+    environment of a process under the activator (a descendant: a one-file
+    ``$ACTIVATOR_BIN`` runs the supervisor under its bootloader); see workersockets.py."""
+    parents = {}
     for entry in os.listdir("/proc"):
-        if not entry.isdigit():
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    parents[int(entry)] = int(f.read().rpartition(")")[2].split()[1])
+            except OSError:
+                pass
+    for pid in parents:
+        ancestor = parents.get(pid)
+        while ancestor and ancestor != act.pid:
+            ancestor = parents.get(ancestor)
+        if ancestor != act.pid:
             continue
         try:
-            with open(f"/proc/{entry}/stat") as f:
-                if int(f.read().rpartition(")")[2].split()[1]) != act.pid:
-                    continue
-            with open(f"/proc/{entry}/environ", "rb") as f:
+            with open(f"/proc/{pid}/environ", "rb") as f:
                 environ = f.read().split(b"\0")
         except OSError:
             continue
         for item in environ:
             if item.startswith(b"ACTIVATOR_WORKER="):
-                specs.append(json.loads(item.partition(b"=")[2]))
-    assert specs, f"no worker of {act.pid} found"
-    addresses: list[str] = specs[0]["addresses"]
-    return addresses
+                addresses: list[str] = json.loads(item.partition(b"=")[2])["addresses"]
+                return addresses
+    raise AssertionError(f"no worker found under {act.pid}")
 
 
 def test_activators_with_two_workers_each(pod_factory, activator_factory):
@@ -336,11 +343,14 @@ def test_activators_with_two_workers_each(pod_factory, activator_factory):
         len(plan), lambda i: request(order[i % 2].listen, path="/delay?ms=100", host=plan[i])
     )
     assert [r.status for r in results] == [200] * len(plan)
+    # (Which worker gets a connection is the kernel's choice, so a pod owned by one
+    # worker may see no request at all: the limit is what is checked here.)
     for pod in pods + [solo]:
         stats = pod.stats()
-        assert stats["peak"] == 1, f"{pod.address} saw {stats['peak']} requests at once"
-        assert stats["count"] > 0
+        assert stats["peak"] <= 1, f"{pod.address} saw {stats['peak']} requests at once"
+    assert sum(p.stats()["count"] for p in pods) == 30
     assert solo.stats()["count"] == 12 + 2
+    assert solo.stats()["peak"] == 1
     for act in order:
         wait_idle(act)
 

@@ -14,7 +14,7 @@ that record their own peak concurrency. What is proven:
 - SIGTERM lets in-flight requests finish, exits 0, and leaves no worker behind;
 - a worker killed with SIGKILL is restarted by the supervisor, which serves again.
 
-Worker processes are found as the supervisor's children in /proc; each one's private
+Worker processes are found among the activator's descendants in /proc; each one's private
 port is read from the ``ACTIVATOR_WORKER`` spec in its environment (workersockets.py).
 Waits poll with generous timeouts; no assertion is on elapsed time.
 """
@@ -62,22 +62,42 @@ def workers_config(services: dict[str, Any], **top: Any) -> dict[str, Any]:
     return {"workers": 2, "access_log": False, "grace_period": "20s", **top, "services": services}
 
 
-def children(pid: int) -> list[int]:
-    """Live (not zombie) processes whose parent is ``pid``."""
-    out = []
+def _process_table() -> dict[int, tuple[int, str]]:
+    """pid -> (parent pid, state letter), for every process in /proc."""
+    table = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
             with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
+                fields = f.read().rpartition(")")[2].split()
         except OSError:
             continue
-        fields = stat.rpartition(")")[2].split()
-        state, ppid = fields[0], int(fields[1])
-        if ppid == pid and state != "Z":
-            out.append(int(entry))
-    return sorted(out)
+        table[int(entry)] = (int(fields[1]), fields[0])
+    return table
+
+
+def _is_worker(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return any(item.startswith(b"ACTIVATOR_WORKER=") for item in f.read().split(b"\0"))
+    except OSError:
+        return False
+
+
+def workers_of(act: Activator) -> list[int]:
+    """The live worker processes under the activator: its descendants started with an
+    ``ACTIVATOR_WORKER`` spec. (Descendants, not children: a one-file ``$ACTIVATOR_BIN``
+    runs the supervisor as a child of its bootloader.) Where a worker is itself a
+    bootloader and its child, the innermost process (the one serving) is taken."""
+    table = _process_table()
+    below: set[int] = set()
+    frontier = {act.pid}
+    while frontier:
+        frontier = {pid for pid, (ppid, state) in table.items() if ppid in frontier and state != "Z"} - below
+        below |= frontier
+    workers = {pid for pid in below if _is_worker(pid)}
+    return sorted(pid for pid in workers if not any(table[c][0] == pid for c in workers))
 
 
 def alive(pid: int) -> bool:
@@ -101,7 +121,7 @@ def worker_spec(pid: int) -> dict[str, Any]:
 
 def wait_workers(act: Activator, n: int = 2) -> list[int]:
     """Wait until the supervisor has ``n`` live worker children and is ready; their pids."""
-    pids = wait_until(lambda: (p := children(act.pid)) and len(p) == n and p, message=f"{n} workers running")
+    pids = wait_until(lambda: (p := workers_of(act)) and len(p) == n and p, message=f"{n} workers running")
     act.wait_for(lambda st: st["ready"] and st["worker"]["count"] == n and all(w["ready"] for w in st["workers"]),
                  message="every worker ready")
     return list(pids)
@@ -151,9 +171,11 @@ def test_two_workers_serve_without_exceeding_any_pods_limit(pod_factory, activat
     results = concurrent_requests(len(plan), lambda i: request(act.listen, path="/delay?ms=100", host=plan[i]))
 
     assert [r.status for r in results] == [200] * len(plan), [(r.status, r.text) for r in results if r.status != 200]
+    # (The kernel picks the worker of each connection, so a pod owned by one worker may
+    # see no request at all: the limit is what is checked.)
     for pod in api + [solo]:
         stats = pod.stats()
-        assert stats["peak"] == 1, f"{pod.address} (cc 1) saw {stats['peak']} requests at once"
+        assert stats["peak"] <= 1, f"{pod.address} (cc 1) saw {stats['peak']} requests at once"
     for pod in duo:
         stats = pod.stats()
         assert 1 <= stats["peak"] <= 2, f"{pod.address} (cc 2) saw {stats['peak']} requests at once"
@@ -255,7 +277,7 @@ def test_a_killed_worker_is_restarted(pod_factory, activator_factory):
     victim = pids[0]
     os.kill(victim, signal.SIGKILL)
     # Not ready while a worker is missing, then a new worker takes its place.
-    wait_until(lambda: (p := children(act.pid)) and len(p) == 2 and victim not in p, timeout=30,
+    wait_until(lambda: (p := workers_of(act)) and len(p) == 2 and victim not in p, timeout=30,
                message="a new worker started in place of the killed one")
     new_pids = wait_workers(act)
     assert victim not in new_pids
@@ -273,5 +295,6 @@ def test_a_killed_worker_is_restarted(pod_factory, activator_factory):
     plan = ["api.test"] * 20 + ["solo.test"] * 10
     results = concurrent_requests(len(plan), lambda i: request(act.listen, path="/delay?ms=50", host=plan[i]))
     assert [r.status for r in results] == [200] * len(plan)
-    assert all(p.stats()["peak"] == 1 for p in api + [solo])
+    assert all(p.stats()["peak"] <= 1 for p in api + [solo])
+    assert sum(p.stats()["count"] for p in api) == 20 + 1 and solo.stats()["count"] == 10 + 1
     wait_idle(act)

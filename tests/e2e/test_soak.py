@@ -1,0 +1,245 @@
+"""Soak: steady load through pods that are drained, re-added, unlisted, crashed and
+restarted while the file is reloaded (issue 7, point 6).
+
+Eight client threads send ``ACTIVATOR_SOAK_REQUESTS`` requests (2000 by default; e.g.
+100000 on the benchmark machine), each on a fresh connection, each tried exactly once
+(no client retries), through one activator in front of four cc=1 pods with a 200 ms
+probe. Meanwhile the main thread edits the file (drain, undrain, unlist, re-list,
+shuffle), sends SIGHUP, and SIGKILLs one pod at a time, restarting it on its port a
+moment later.
+
+A failed request is blamed on a pod only when it failed the way a dying pod makes a
+request fail (502/504 or a cut connection) *and* a pod was killed during that request's
+lifetime. Every other failure is a bug. Also checked: every pod's peak concurrency
+stays <= 1 (read from each pod right before it is killed, and at the end), /status
+counts return to zero, and the activator's RSS at the end is within 30 MB of its RSS
+after warm-up.
+"""
+
+from __future__ import annotations
+
+import http.client
+import os
+import random
+import re
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from harness import Activator, Pod, request, wait_until
+
+pytestmark = [pytest.mark.binary, pytest.mark.slow]
+
+SERVICE = "api"
+N_PODS = 4
+THREADS = 8
+REQUESTS = int(os.environ.get("ACTIVATOR_SOAK_REQUESTS", "2000"))
+RSS_MARGIN_KIB = 30 * 1024
+
+
+def rss_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+@dataclass
+class Outcome:
+    rid: str
+    start: float
+    end: float
+    kind: str  # "ok", "http-<status>-<reason>", "cut:<exception>"
+    pod: str | None = None
+
+
+class Load:
+    """``THREADS`` clients sending ``total`` requests between them, once each."""
+
+    def __init__(self, act: Activator, total: int) -> None:
+        self.act = act
+        self.total = total
+        self.outcomes: list[Outcome] = []
+        self._issued = 0
+        self._lock = threading.Lock()
+        self._threads = [threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(THREADS)]
+        self._rng = random.Random(7)
+
+    def start(self) -> None:
+        for t in self._threads:
+            t.start()
+
+    def join(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        for t in self._threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        assert not any(t.is_alive() for t in self._threads), f"load still running: {self.done}/{self.total}"
+
+    @property
+    def done(self) -> int:
+        with self._lock:
+            return len(self.outcomes)
+
+    def _next(self) -> int | None:
+        with self._lock:
+            if self._issued >= self.total:
+                return None
+            self._issued += 1
+            return self._issued
+
+    def _run(self, thread: int) -> None:
+        while (n := self._next()) is not None:
+            rid = f"soak-{n}"
+            ms = 5 + n % 20  # 5..24 ms of pod work
+            start = time.monotonic()
+            try:
+                resp = request(self.act.listen, path=f"/delay?ms={ms}", headers={"X-Request-Id": rid}, timeout=120)
+            except (http.client.HTTPException, OSError) as exc:
+                outcome = Outcome(rid, start, time.monotonic(), f"cut:{type(exc).__name__}")
+            else:
+                if resp.status == 200:
+                    outcome = Outcome(rid, start, time.monotonic(), "ok", resp.headers.get("X-Pod"))
+                else:
+                    why = resp.headers.get("X-Activator-Reason")
+                    outcome = Outcome(rid, start, time.monotonic(), f"http-{resp.status}-{why}")
+            with self._lock:
+                self.outcomes.append(outcome)
+
+
+def pod_failure_shaped(kind: str) -> bool:
+    return kind.startswith("cut:") or kind.startswith("http-502-") or kind.startswith("http-504-")
+
+
+def test_soak_with_churn_and_crashes(activator_factory):
+    pods = [Pod(start=False) for _ in range(N_PODS)]
+    for p in pods:
+        p.launch()
+    for p in pods:
+        p.wait_ready()
+    rng = random.Random(20261129)
+    probe = {"path": "/healthz", "interval": "200ms", "timeout": "1s", "healthy_after": 1, "unhealthy_after": 2}
+    # listing: pod -> "serve" | "drain"; unlisted pods are absent
+    listing: dict[Pod, str] = {p: "serve" for p in pods}
+
+    def config() -> dict[str, Any]:
+        entries: list[Any] = [p.address if how == "serve" else {"address": p.address, "drain": True}
+                              for p, how in listing.items()]
+        rng.shuffle(entries)
+        return {
+            "access_log": False,
+            "services": {SERVICE: {
+                "hosts": ["*"], "container_concurrency": 1, "lb_policy": "auto", "probe": probe,
+                "queue_depth": 10000, "queue_timeout": "120s", "connect_timeout": "1s",
+                "request_timeout": "30s", "pods": entries,
+            }},
+        }
+
+    act = activator_factory(config(), env={"ACTIVATOR_WATCH_INTERVAL": "0.2"})
+    try:
+        act.wait_for(lambda st: [p["state"] for p in st["services"][SERVICE]["pods"]] == ["healthy"] * N_PODS,
+                     message="all pods healthy")
+        peaks: dict[str, int] = {p.address: 0 for p in pods}
+        kills: list[tuple[str, float]] = []  # (pod, when)
+        actions: Counter[str] = Counter()
+        restarting: list[threading.Thread] = []
+        dead: set[Pod] = set()
+
+        def note_peak(pod: Pod) -> None:
+            peaks[pod.address] = max(peaks[pod.address], pod.stats()["peak"])
+
+        def restart_later(pod: Pod, after: float) -> None:
+            time.sleep(after)  # how long the pod stays dead: pacing, not a wait for an effect
+            pod.start()
+            dead.discard(pod)
+
+        def serving() -> list[Pod]:
+            return [p for p, how in listing.items() if how == "serve" and p not in dead]
+
+        load = Load(act, REQUESTS)
+        load.start()
+        warm = max(200, REQUESTS // 10)
+        wait_until(lambda: load.done >= warm, timeout=120, message="warm-up")
+        rss_warm = rss_kib(act.pid)
+
+        while load.done < REQUESTS - THREADS * 4:
+            roll = rng.random()
+            if roll < 0.2 and not dead and len(serving()) >= 3:
+                victim = rng.choice(serving())
+                note_peak(victim)
+                victim.kill()
+                dead.add(victim)
+                kills.append((victim.address, time.monotonic()))
+                actions["crash"] += 1
+                t = threading.Thread(target=restart_later, args=(victim, rng.uniform(0.3, 0.8)), daemon=True)
+                t.start()
+                restarting.append(t)
+            elif roll < 0.4 and len(serving()) >= 3:
+                listing[rng.choice(serving())] = "drain"
+                actions["drain"] += 1
+                act.rewrite_config(config())
+            elif roll < 0.55 and len(serving()) >= 3:
+                del listing[rng.choice(serving())]
+                actions["unlist"] += 1
+                act.rewrite_config(config())
+            elif roll < 0.85:
+                back = [p for p in pods if listing.get(p) != "serve"]
+                if back:
+                    listing[rng.choice(back)] = "serve"
+                    actions["re-add"] += 1
+                act.rewrite_config(config())
+            else:
+                act.rewrite_config(config())  # same pods, another order
+                act.reload()
+                actions["reload+sighup"] += 1
+            time.sleep(rng.uniform(0.05, 0.2))  # pacing the chaos, not a wait for an effect
+
+        for t in restarting:
+            t.join(60)
+        for p in pods:
+            listing[p] = "serve"
+        act.rewrite_config(config())
+        actions["re-add"] += 1
+        load.join(timeout=300)
+        st = act.wait_for(
+            lambda s: (s["services"][SERVICE]["in_flight"] == 0 and s["services"][SERVICE]["queued"] == 0
+                       and all(p["in_flight"] == 0 for p in s["services"][SERVICE]["pods"])),
+            message="every count back to zero",
+        )
+        rss_end = rss_kib(act.pid)
+        for p in pods:
+            note_peak(p)
+    finally:
+        for p in pods:
+            p.close()
+
+    outcomes = load.outcomes
+    by_kind = Counter(o.kind for o in outcomes)
+    blamed, bugs = [], []
+    for o in outcomes:
+        if o.kind == "ok":
+            continue
+        during = [pod for pod, when in kills if o.start - 0.05 <= when <= o.end + 0.05]
+        (blamed if during and pod_failure_shaped(o.kind) else bugs).append(o)
+    served = Counter(o.pod for o in outcomes if o.kind == "ok")
+    svc = st["services"][SERVICE]
+    print(
+        f"\nsoak: requests={len(outcomes)} ok={by_kind['ok']} pod-failed={len(blamed)} other-failures={len(bugs)}"
+        f"\n  edits/actions={dict(actions)} crashes={len(kills)}"
+        f"\n  failures by kind={ {k: n for k, n in by_kind.items() if k != 'ok'} }"
+        f"\n  peaks={sorted(peaks.values())} served per pod={sorted(served.values())}"
+        f"\n  RSS KiB after warm-up={rss_warm} end={rss_end} (+{rss_end - rss_warm})"
+        f"\n  final status: in_flight={svc['in_flight']} queued={svc['queued']}"
+        f" states={[p['state'] for p in svc['pods']]}"
+    )
+    assert len(outcomes) == REQUESTS
+    assert not bugs, [(o.rid, o.kind, round(o.end - o.start, 3)) for o in bugs[:20]]
+    assert all(peak <= 1 for peak in peaks.values()), peaks
+    assert svc["in_flight"] == 0 and svc["queued"] == 0
+    assert rss_end < rss_warm + RSS_MARGIN_KIB, (rss_warm, rss_end)
+    # The churn did happen.
+    assert len(kills) >= 1 and sum(actions.values()) >= 5, (kills, actions)
+    assert re.search(r"config reload \([^)]*\) applied", act.stderr_text())
