@@ -58,7 +58,9 @@ def cmd_check(args: argparse.Namespace) -> int:
                 print(f"  {name}: every pod (container_concurrency 0, not divided)")
             else:
                 all_slots = cc * sum(1 for p in service.pods if not p.drain)
+                forward = topology.forward_target(name) if not total else None
                 print(f"  {name}: {total} of {all_slots} slots"
+                      + (f" (forwards its requests to {forward.address})" if forward else "")
                       + "".join(f"\n    {a}: {n}" for a, n in sorted((owned or {}).items()) if n))
     if old is not None:
         diff = diff_configs(old, config)

@@ -227,9 +227,6 @@ def _body_consumed(stream: Any) -> bool:
 class BodyTooLarge(IOError):
     """A chunked request body grew past max_body_bytes."""
 
-    status = 413
-    reason = "body-too-large"
-
 
 class LimitedInput:
     """wsgi.input for a chunked body: raises BodyTooLarge once it passes ``maximum`` bytes.

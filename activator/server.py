@@ -136,8 +136,12 @@ class Runtime:
         return pool
 
     def _close_unused_pools(self) -> None:
-        tracked = {a for s in self.topology.services.values() for a in s.trackers}
-        for address in [a for a in self._pools if a not in tracked]:
+        """Close the pools of pods no longer tracked (peers and sibling workers keep theirs)."""
+        keep = {a for s in self.topology.services.values() for a in s.trackers}
+        keep.update(self.topology.workers)
+        if self.config.activators is not None:
+            keep.update(str(address) for address in self.config.activators.peers.values())
+        for address in [a for a in self._pools if a not in keep]:
             self._pools.pop(address).close()
 
     # -- lifecycle --------------------------------------------------------------

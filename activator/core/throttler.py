@@ -144,6 +144,8 @@ class ServiceThrottler:
         self.in_flight = 0
         self.policy: Policy = make_policy(config.lb_policy, config.container_concurrency, rng)
         self._draining: set[str] = set()
+        self._capacity: int | None = 0
+        self._capacity_stale = True  # set on every state or slot change
         self.apply(config, now, owned)
 
     # -- the request path -------------------------------------------------------
@@ -234,6 +236,7 @@ class ServiceThrottler:
         """
         old_probe = self.config.probe if self.trackers else config.probe
         self.config = config
+        self._capacity_stale = True
         cc = config.container_concurrency
         if resolve_lb_policy(config.lb_policy, cc) != self.policy.name:
             self.policy = make_policy(config.lb_policy, cc, self._rng)
@@ -325,7 +328,16 @@ class ServiceThrottler:
 
     @property
     def capacity(self) -> int | None:
-        """Slots usable now: healthy pods' slots owned here. None = unlimited (cc 0 with a healthy pod)."""
+        """Slots usable now: healthy pods' slots owned here. None = unlimited (cc 0 with a healthy pod).
+
+        O(1) on the request path: recomputed only after a state or slot change.
+        """
+        if self._capacity_stale:
+            self._capacity = self._count_capacity()
+            self._capacity_stale = False
+        return self._capacity
+
+    def _count_capacity(self) -> int | None:
         healthy = [t for t in self.trackers.values() if t.state is HEALTHY]
         if self.config.container_concurrency == 0:
             return None if healthy else 0
@@ -389,6 +401,8 @@ class ServiceThrottler:
                 fail(f"{address} draining set out of date")
             if t.state is REMOVED and not t.listed and t.in_flight == 0:
                 fail(f"{address} removed, unlisted and idle but still tracked")
+        if not self._capacity_stale and self._capacity != self._count_capacity():
+            fail(f"cached capacity {self._capacity} but {self._count_capacity()}")
         if total != self.in_flight:
             fail(f"in_flight {self.in_flight} != sum over pods {total}")
         if len(self.policy) != sum(1 for t in self.trackers.values() if t.can_take()):
@@ -438,6 +452,7 @@ class ServiceThrottler:
         if new is not old:
             tracker.state = new
             tracker.since = now
+            self._capacity_stale = True
             tracker.probe_passes = tracker.probe_failures = 0
             if new is HEALTHY:
                 tracker.failures = 0

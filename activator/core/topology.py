@@ -47,6 +47,7 @@ class Topology:
         self._by_host: dict[str, ServiceThrottler] = {}
         self._catch_all: ServiceThrottler | None = None
         self._forwards: dict[str, Forward] = {}
+        self._fallbacks: dict[str, Forward] = {}
         # Host header as received -> service (None: unknown), rebuilt on every apply.
         self._route_cache: dict[str, ServiceThrottler | None] = {}
         self.config = config
@@ -73,10 +74,13 @@ class Topology:
         """Make the running state follow ``config``; keeps every tracker and waiter."""
         self.config = config
         self._forwards.clear()
+        self._fallbacks.clear()
         for name, service_config in config.services.items():
-            owned, forward = self._division(service_config)
+            owned, forward, fallback = self._division(service_config)
             if forward is not None:
                 self._forwards[name] = forward
+            if fallback is not None:
+                self._fallbacks[name] = fallback
             throttler = self.services.get(name)
             if throttler is None:
                 self.services[name] = ServiceThrottler(
@@ -106,37 +110,52 @@ class Topology:
         return self._division(service)[0]
 
     def forward_target(self, service: str) -> Forward | None:
-        """Where to send this service's requests when this process owns none of its
-        slots (fewer slots than activators or workers); None when it owns some."""
-        return self._forwards.get(service)
+        """Where to send a request of ``service`` instead of queueing it here, or None.
 
-    def _division(self, service: ServiceConfig) -> tuple[Mapping[str, int] | None, Forward | None]:
-        """(slots owned by this process, where to forward when it owns none).
+        To an owner when this process owns none of the service's slots (fewer slots
+        than activators or workers); to another owner when it owns some but none can
+        be used now (its pods pending or draining): no process is a black hole for a
+        service that has a usable slot elsewhere.
+        """
+        forward = self._forwards.get(service)
+        if forward is None and self.services[service].capacity == 0:
+            forward = self._fallbacks.get(service)
+        return forward
+
+    def _division(self, service: ServiceConfig) -> tuple[Mapping[str, int] | None, Forward | None, Forward | None]:
+        """(slots owned by this process, where to forward when it owns none, where to
+        forward when none of its own slots can be used now).
 
         Slots are divided among the activators first, then this activator's share
-        among its workers, with the same function.
+        among its workers, with the same function. The fallback is another owner: a
+        sibling worker if one owns slots, else a peer.
         """
         peers = self.config.activators
         several = peers is not None and len(peers.peers) > 1
         if not several and len(self.workers) <= 1:
-            return None, None
+            return None, None, None
         limits = {pod.address: service.container_concurrency for pod in service.pods if not pod.drain}
         limited = service.container_concurrency > 0 and bool(limits)
+        fallback = None
         if peers is not None and several:
             division = slot_division.divide_slots(limits, sorted(peers.peers))
             limits = division[peers.self_name]
-            if limited and not limits:
-                owner = _forward_choice(division, peers.self_name)
-                return limits, Forward(str(peers.peers[owner]), "peer")
+            owner = _forward_choice(division, peers.self_name)
+            if limited and owner is not None:
+                fallback = Forward(str(peers.peers[owner]), "peer")
+                if not limits:
+                    return limits, fallback, None
         if len(self.workers) > 1:
             names = [str(i) for i in range(len(self.workers))]
             me = str(self.worker_index)
             division = slot_division.divide_slots(limits, names)
-            if limited and limits and not division[me]:
-                owner = _forward_choice(division, me)
-                return {}, Forward(self.workers[int(owner)], "worker")
+            owner = _forward_choice(division, me)
+            if limited and owner is not None:
+                fallback = Forward(self.workers[int(owner)], "worker")
+                if not division[me]:
+                    return {}, fallback, None
             limits = division[me]
-        return limits, None
+        return limits, None, fallback
 
     def tick(self, now: float) -> None:
         """Periodic housekeeping (drain timeouts, retired services)."""
@@ -171,8 +190,9 @@ class Forward:
     kind: str
 
 
-def _forward_choice(division: Mapping[str, Mapping[str, int]], me: str) -> str:
-    """Among the owners of slots (there is one), the one ``me`` forwards to: the best
-    rendezvous score for ``me``, so forwarders spread over the owners, stably."""
-    owners = [peer for peer, owned in division.items() if owned]
-    return max(owners, key=lambda peer: slot_division.score(peer, me))
+def _forward_choice(division: Mapping[str, Mapping[str, int]], me: str) -> str | None:
+    """Among the other owners of slots, the one ``me`` forwards to (None if there is
+    none): the best rendezvous score for ``me``, so forwarders spread over the owners,
+    stably."""
+    owners = [peer for peer, owned in division.items() if owned and peer != me]
+    return max(owners, key=lambda peer: slot_division.score(peer, me)) if owners else None

@@ -40,10 +40,19 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
     pod = Pod()
     config = {
         "access_log": False,
-        "limits": {"max_header_bytes": MAX_HEADER_BYTES, "max_body_bytes": MAX_BODY_BYTES,
-                   "client_timeout": "5s"},
-        "services": {"api": {"hosts": ["*"], "container_concurrency": 1, "probe": None,
-                             "pods": [pod.address]}},
+        "limits": {
+            "max_header_bytes": MAX_HEADER_BYTES,
+            "max_body_bytes": MAX_BODY_BYTES,
+            "client_timeout": "5s",
+        },
+        "services": {
+            "api": {
+                "hosts": ["*"],
+                "container_concurrency": 1,
+                "probe": None,
+                "pods": [pod.address],
+            }
+        },
     }
     act = Activator(config, workdir=tmp_path_factory.mktemp("bad-input"))
     try:
@@ -90,7 +99,9 @@ def responses(data: bytes) -> list[tuple[int, dict[str, str], bytes]]:
     return out
 
 
-def assert_refused(setup: Setup, data: bytes, status: int, reason: str, **kw: Any) -> None:
+def assert_refused(
+    setup: Setup, data: bytes, status: int, reason: str, **kw: Any
+) -> None:
     before = setup.pod.stats()
     answer = exchange(setup, data, **kw)
     got = responses(answer)
@@ -99,11 +110,15 @@ def assert_refused(setup: Setup, data: bytes, status: int, reason: str, **kw: An
     code, headers, _ = got[0]
     assert (code, headers.get("x-activator-reason")) == (status, reason), answer
     after = setup.pod.stats()
-    assert after["count"] == before["count"], f"the pod got {after['paths']} (was {before['paths']})"
+    assert after["count"] == before["count"], (
+        f"the pod got {after['paths']} (was {before['paths']})"
+    )
     assert "/smuggled" not in after["paths"]
 
 
-def req(head: bytes, body: bytes = b"", *, line: bytes = b"POST /echo HTTP/1.1") -> bytes:
+def req(
+    head: bytes, body: bytes = b"", *, line: bytes = b"POST /echo HTTP/1.1"
+) -> bytes:
     return line + b"\r\nHost: x\r\n" + head + b"\r\n" + body
 
 
@@ -131,13 +146,20 @@ BAD_REQUEST_LINES = {
 }
 
 
-@pytest.mark.parametrize("line", BAD_REQUEST_LINES.values(), ids=BAD_REQUEST_LINES.keys())
+@pytest.mark.parametrize(
+    "line", BAD_REQUEST_LINES.values(), ids=BAD_REQUEST_LINES.keys()
+)
 def test_malformed_request_lines_are_400(setup, line):
     assert_refused(setup, line + b"\r\nHost: x\r\n\r\n", 400, "bad-request")
 
 
 def test_request_line_over_8k_is_414(setup):
-    assert_refused(setup, b"GET /" + b"a" * 9000 + b" HTTP/1.1\r\nHost: x\r\n\r\n", 414, "request-line-too-long")
+    assert_refused(
+        setup,
+        b"GET /" + b"a" * 9000 + b" HTTP/1.1\r\nHost: x\r\n\r\n",
+        414,
+        "request-line-too-long",
+    )
 
 
 # --------------------------------------------------------------------------------------
@@ -166,11 +188,22 @@ BAD_HEADERS = {
 
 @pytest.mark.parametrize("header", BAD_HEADERS.values(), ids=BAD_HEADERS.keys())
 def test_invalid_header_lines_are_400(setup, header):
-    assert_refused(setup, b"GET /delay HTTP/1.1\r\nHost: x\r\n" + header + b"\r\n\r\n", 400, "bad-request")
+    assert_refused(
+        setup,
+        b"GET /delay HTTP/1.1\r\nHost: x\r\n" + header + b"\r\n\r\n",
+        400,
+        "bad-request",
+    )
 
 
 def test_head_cut_short_is_400(setup):
-    assert_refused(setup, b"GET /delay HTTP/1.1\r\nHost: x\r\nX-A: b", 400, "bad-request", shut_write=True)
+    assert_refused(
+        setup,
+        b"GET /delay HTTP/1.1\r\nHost: x\r\nX-A: b",
+        400,
+        "bad-request",
+        shut_write=True,
+    )
 
 
 # --------------------------------------------------------------------------------------
@@ -179,28 +212,48 @@ def test_head_cut_short_is_400(setup):
 
 def _headers_of(total: int) -> bytes:
     """Header lines adding up to about ``total`` bytes."""
-    lines = b"".join(b"X-Fill-%03d: %s\r\n" % (i, b"v" * 86) for i in range(total // 100))
+    lines = b"".join(
+        b"X-Fill-%03d: %s\r\n" % (i, b"v" * 86) for i in range(total // 100)
+    )
     return lines
 
 
 def test_header_section_over_the_limit_is_431(setup):
-    assert_refused(setup, b"GET /delay HTTP/1.1\r\nHost: x\r\n" + _headers_of(5000) + b"\r\n", 431,
-                   "headers-too-large")
+    assert_refused(
+        setup,
+        b"GET /delay HTTP/1.1\r\nHost: x\r\n" + _headers_of(5000) + b"\r\n",
+        431,
+        "headers-too-large",
+    )
 
 
 def test_one_header_line_over_the_limit_is_431(setup):
-    assert_refused(setup, b"GET /delay HTTP/1.1\r\nHost: x\r\nX-Big: " + b"v" * 5000 + b"\r\n\r\n", 431,
-                   "headers-too-large")
+    assert_refused(
+        setup,
+        b"GET /delay HTTP/1.1\r\nHost: x\r\nX-Big: " + b"v" * 5000 + b"\r\n\r\n",
+        431,
+        "headers-too-large",
+    )
 
 
 def test_many_tiny_headers_over_the_limit_are_431(setup):
-    assert_refused(setup, b"GET /delay HTTP/1.1\r\n" + b"a: b\r\n" * 1000 + b"\r\n", 431, "headers-too-large")
+    assert_refused(
+        setup,
+        b"GET /delay HTTP/1.1\r\n" + b"a: b\r\n" * 1000 + b"\r\n",
+        431,
+        "headers-too-large",
+    )
 
 
 def test_header_section_under_the_limit_passes(setup):
     # The control: the limit is the configured one, not something smaller.
     count = setup.pod.stats()["count"]
-    answer = exchange(setup, b"GET /delay HTTP/1.1\r\nHost: x\r\nConnection: close\r\n" + _headers_of(3800) + b"\r\n")
+    answer = exchange(
+        setup,
+        b"GET /delay HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+        + _headers_of(3800)
+        + b"\r\n",
+    )
     assert responses(answer)[0][0] == 200, answer[:300]
     assert setup.pod.stats()["count"] == count + 1
 
@@ -211,25 +264,41 @@ def test_content_length_over_max_body_bytes_is_413(setup):
 
 
 def test_huge_content_length_is_413(setup):
-    assert_refused(setup, req(b"Content-Length: 99999999999999999999999999\r\n"), 413, "body-too-large")
+    assert_refused(
+        setup,
+        req(b"Content-Length: 99999999999999999999999999\r\n"),
+        413,
+        "body-too-large",
+    )
 
 
 def test_body_at_max_body_bytes_passes(setup):
     count = setup.pod.stats()["count"]
     body = b"b" * MAX_BODY_BYTES
-    answer = exchange(setup, req(b"Content-Length: %d\r\nConnection: close\r\n" % len(body), body))
+    answer = exchange(
+        setup, req(b"Content-Length: %d\r\nConnection: close\r\n" % len(body), body)
+    )
     assert responses(answer)[0][0] == 200, answer[:300]
     assert setup.pod.stats()["count"] == count + 1
 
 
 def _chunked(body: bytes, piece: int) -> bytes:
-    out = b"".join(b"%x\r\n%s\r\n" % (len(body[i:i + piece]), body[i:i + piece]) for i in range(0, len(body), piece))
+    out = b"".join(
+        b"%x\r\n%s\r\n" % (len(body[i : i + piece]), body[i : i + piece])
+        for i in range(0, len(body), piece)
+    )
     return out + b"0\r\n\r\n"
 
 
-def test_chunked_body_growing_past_the_limit_never_reaches_the_pod_and_ends_the_connection(setup):
+def test_chunked_body_growing_past_the_limit_never_reaches_the_pod_and_ends_the_connection(
+    setup,
+):
     before = setup.pod.stats()
-    data = req(b"Transfer-Encoding: chunked\r\n", _chunked(b"c" * 2000, 500), line=b"POST /upload HTTP/1.1")
+    data = req(
+        b"Transfer-Encoding: chunked\r\n",
+        _chunked(b"c" * 2000, 500),
+        line=b"POST /upload HTTP/1.1",
+    )
     answer = exchange(setup, data + b"GET /after HTTP/1.1\r\nHost: x\r\n\r\n")
     got = responses(answer)
     assert len(got) == 1, answer  # the pipelined request after it is not served
@@ -245,7 +314,11 @@ def test_chunked_body_growing_past_the_limit_never_reaches_the_pod_and_ends_the_
     "RequestBodyError, answered 400 client-body instead of 413 body-too-large",
 )
 def test_chunked_body_growing_past_the_limit_is_413(setup):
-    data = req(b"Transfer-Encoding: chunked\r\n", _chunked(b"c" * 2000, 500), line=b"POST /upload HTTP/1.1")
+    data = req(
+        b"Transfer-Encoding: chunked\r\n",
+        _chunked(b"c" * 2000, 500),
+        line=b"POST /upload HTTP/1.1",
+    )
     assert_refused(setup, data, 413, "body-too-large")
 
 
@@ -290,27 +363,46 @@ class RecordingPod:
         self._listener.close()
 
 
-def test_large_chunked_body_over_the_limit_is_cut_before_the_pod_has_it_all(activator_factory, tmp_path: Path):
+def test_large_chunked_body_over_the_limit_is_cut_before_the_pod_has_it_all(
+    activator_factory, tmp_path: Path
+):
     pod = RecordingPod()
     try:
         limit = 100_000  # over the first 64 KiB piece, so the pod does get a head and a part
-        act = activator_factory({
-            "access_log": False,
-            "limits": {"max_body_bytes": limit},
-            "services": {"api": {"hosts": ["*"], "container_concurrency": 1, "probe": None,
-                                 "request_timeout": "30s", "pods": [pod.address]}},
-        })
+        act = activator_factory(
+            {
+                "access_log": False,
+                "limits": {"max_body_bytes": limit},
+                "services": {
+                    "api": {
+                        "hosts": ["*"],
+                        "container_concurrency": 1,
+                        "probe": None,
+                        "request_timeout": "30s",
+                        "pods": [pod.address],
+                    }
+                },
+            }
+        )
         body = bytes(range(256)) * 1000  # 256 000 bytes, in 4 KiB chunks
         answer = b""  # stays empty when the cut comes as a reset
-        sock = send_raw(act.listen, b"POST /upload HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
+        sock = send_raw(
+            act.listen,
+            b"POST /upload HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n",
+        )
         try:
-            with contextlib.suppress(OSError):  # the activator may stop reading and close
+            with contextlib.suppress(
+                OSError
+            ):  # the activator may stop reading and close
                 sock.sendall(_chunked(body, 4096))
             with contextlib.suppress(ConnectionResetError):
                 answer = read_all(sock)
         finally:
             sock.close()
-        wait_until(lambda: pod.ended == len(pod.received) >= 1, message="the pod connection was closed")
+        wait_until(
+            lambda: pod.ended == len(pod.received) >= 1,
+            message="the pod connection was closed",
+        )
         got = b"".join(pod.received)
         assert got.startswith(b"POST /upload HTTP/1.1\r\n")
         assert not got.endswith(b"0\r\n\r\n"), "the pod got a complete chunked body"
@@ -318,7 +410,9 @@ def test_large_chunked_body_over_the_limit_is_cut_before_the_pod_has_it_all(acti
         if answer:
             code, headers, _ = responses(answer)[0]
             assert code in (400, 413) and headers.get("x-activator-reason"), answer
-        act.wait_for(lambda st: st["services"]["api"]["in_flight"] == 0, message="slot released")
+        act.wait_for(
+            lambda st: st["services"]["api"]["in_flight"] == 0, message="slot released"
+        )
     finally:
         pod.close()
 
@@ -327,9 +421,21 @@ def test_large_chunked_body_over_the_limit_is_cut_before_the_pod_has_it_all(acti
 # framing: Content-Length and Transfer-Encoding
 
 FRAMING = {
-    "cl-and-te": (b"Content-Length: 5\r\nTransfer-Encoding: chunked\r\n", 400, "bad-request"),
-    "te-and-cl": (b"Transfer-Encoding: chunked\r\nContent-Length: 5\r\n", 400, "bad-request"),
-    "two-different-cl": (b"Content-Length: 5\r\nContent-Length: 6\r\n", 400, "bad-request"),
+    "cl-and-te": (
+        b"Content-Length: 5\r\nTransfer-Encoding: chunked\r\n",
+        400,
+        "bad-request",
+    ),
+    "te-and-cl": (
+        b"Transfer-Encoding: chunked\r\nContent-Length: 5\r\n",
+        400,
+        "bad-request",
+    ),
+    "two-different-cl": (
+        b"Content-Length: 5\r\nContent-Length: 6\r\n",
+        400,
+        "bad-request",
+    ),
     "cl-list-differs": (b"Content-Length: 5, 6\r\n", 400, "bad-request"),
     "cl-plus": (b"Content-Length: +5\r\n", 400, "bad-request"),
     "cl-minus": (b"Content-Length: -1\r\n", 400, "bad-request"),
@@ -338,28 +444,62 @@ FRAMING = {
     "cl-empty": (b"Content-Length: \r\n", 400, "bad-request"),
     "cl-decimal": (b"Content-Length: 5.0\r\n", 400, "bad-request"),
     "cl-unicode-digit": (b"Content-Length: \xd9\xa5\r\n", 400, "bad-request"),
-    "te-gzip-chunked": (b"Transfer-Encoding: gzip, chunked\r\n", 501, "unsupported-transfer-encoding"),
-    "te-identity": (b"Transfer-Encoding: identity\r\n", 501, "unsupported-transfer-encoding"),
-    "te-chunked-twice-one-line": (b"Transfer-Encoding: chunked, chunked\r\n", 501, "unsupported-transfer-encoding"),
-    "te-chunked-twice": (b"Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n", 501,
-                         "unsupported-transfer-encoding"),
-    "te-xchunked": (b"Transfer-Encoding: xchunked\r\n", 501, "unsupported-transfer-encoding"),
+    "te-gzip-chunked": (
+        b"Transfer-Encoding: gzip, chunked\r\n",
+        501,
+        "unsupported-transfer-encoding",
+    ),
+    "te-identity": (
+        b"Transfer-Encoding: identity\r\n",
+        501,
+        "unsupported-transfer-encoding",
+    ),
+    "te-chunked-twice-one-line": (
+        b"Transfer-Encoding: chunked, chunked\r\n",
+        501,
+        "unsupported-transfer-encoding",
+    ),
+    "te-chunked-twice": (
+        b"Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n",
+        501,
+        "unsupported-transfer-encoding",
+    ),
+    "te-xchunked": (
+        b"Transfer-Encoding: xchunked\r\n",
+        501,
+        "unsupported-transfer-encoding",
+    ),
     "te-empty": (b"Transfer-Encoding: \r\n", 501, "unsupported-transfer-encoding"),
 }
 
 
-@pytest.mark.parametrize(("head", "status", "reason"), FRAMING.values(), ids=FRAMING.keys())
+@pytest.mark.parametrize(
+    ("head", "status", "reason"), FRAMING.values(), ids=FRAMING.keys()
+)
 def test_bad_framing_is_refused(setup, head, status, reason):
     assert_refused(setup, req(head, b"hello"), status, reason)
 
 
 def test_transfer_encoding_in_http_1_0_is_400(setup):
-    assert_refused(setup, req(b"Transfer-Encoding: chunked\r\n", b"5\r\nhello\r\n0\r\n\r\n",
-                              line=b"POST /echo HTTP/1.0"), 400, "bad-request")
+    assert_refused(
+        setup,
+        req(
+            b"Transfer-Encoding: chunked\r\n",
+            b"5\r\nhello\r\n0\r\n\r\n",
+            line=b"POST /echo HTTP/1.0",
+        ),
+        400,
+        "bad-request",
+    )
 
 
 def test_head_with_a_body_is_400(setup):
-    assert_refused(setup, req(b"Content-Length: 5\r\n", b"hello", line=b"HEAD /delay HTTP/1.1"), 400, "bad-request")
+    assert_refused(
+        setup,
+        req(b"Content-Length: 5\r\n", b"hello", line=b"HEAD /delay HTTP/1.1"),
+        400,
+        "bad-request",
+    )
 
 
 # --------------------------------------------------------------------------------------
@@ -367,49 +507,132 @@ def test_head_with_a_body_is_400(setup):
 
 SMUGGLING = {
     # the brief's CL.TE: a front-end going by Content-Length would forward both
-    "cl-te": (b"Content-Length: 4\r\nTransfer-Encoding: chunked\r\n", b"0\r\n\r\n", 400, "bad-request"),
-    "te-cl": (b"Transfer-Encoding: chunked\r\nContent-Length: 4\r\n", b"0\r\n\r\n", 400, "bad-request"),
-    "te-leading-space": (b"Content-Length: 4\r\n Transfer-Encoding: chunked\r\n", b"0\r\n\r\n", 400, "bad-request"),
-    "te-space-before-colon": (b"Content-Length: 4\r\nTransfer-Encoding : chunked\r\n", b"0\r\n\r\n", 400,
-                              "bad-request"),
-    "te-vertical-tab": (b"Transfer-Encoding:\x0bchunked\r\n", b"0\r\n\r\n", 400, "bad-request"),
-    "te-twice": (b"Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n", b"0\r\n\r\n", 501,
-                 "unsupported-transfer-encoding"),
-    "te-te-obfuscated": (b"Transfer-Encoding: chunked\r\nTransfer-encoding: cow\r\n", b"0\r\n\r\n", 501,
-                         "unsupported-transfer-encoding"),
-    "cl-cl": (b"Content-Length: 0\r\nContent-Length: %d\r\n" % len(SMUGGLED), b"", 400, "bad-request"),
-    "cl-cl-same-line": (b"Content-Length: 0, %d\r\n" % len(SMUGGLED), b"", 400, "bad-request"),
+    "cl-te": (
+        b"Content-Length: 4\r\nTransfer-Encoding: chunked\r\n",
+        b"0\r\n\r\n",
+        400,
+        "bad-request",
+    ),
+    "te-cl": (
+        b"Transfer-Encoding: chunked\r\nContent-Length: 4\r\n",
+        b"0\r\n\r\n",
+        400,
+        "bad-request",
+    ),
+    "te-leading-space": (
+        b"Content-Length: 4\r\n Transfer-Encoding: chunked\r\n",
+        b"0\r\n\r\n",
+        400,
+        "bad-request",
+    ),
+    "te-space-before-colon": (
+        b"Content-Length: 4\r\nTransfer-Encoding : chunked\r\n",
+        b"0\r\n\r\n",
+        400,
+        "bad-request",
+    ),
+    "te-vertical-tab": (
+        b"Transfer-Encoding:\x0bchunked\r\n",
+        b"0\r\n\r\n",
+        400,
+        "bad-request",
+    ),
+    "te-twice": (
+        b"Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n",
+        b"0\r\n\r\n",
+        501,
+        "unsupported-transfer-encoding",
+    ),
+    "te-te-obfuscated": (
+        b"Transfer-Encoding: chunked\r\nTransfer-encoding: cow\r\n",
+        b"0\r\n\r\n",
+        501,
+        "unsupported-transfer-encoding",
+    ),
+    "cl-cl": (
+        b"Content-Length: 0\r\nContent-Length: %d\r\n" % len(SMUGGLED),
+        b"",
+        400,
+        "bad-request",
+    ),
+    "cl-cl-same-line": (
+        b"Content-Length: 0, %d\r\n" % len(SMUGGLED),
+        b"",
+        400,
+        "bad-request",
+    ),
     # malformed chunks: the body's end is unknown, so the connection must end too
-    "chunk-size-bare-lf": (b"Transfer-Encoding: chunked\r\n", b"\n", 400, "client-body"),
-    "chunk-size-not-hex": (b"Transfer-Encoding: chunked\r\n", b"zz\r\nhello\r\n0\r\n\r\n", 400, "client-body"),
-    "chunk-size-0x": (b"Transfer-Encoding: chunked\r\n", b"0x5\r\nhello\r\n0\r\n\r\n", 400, "client-body"),
-    "chunk-size-empty": (b"Transfer-Encoding: chunked\r\n", b"\r\nhello\r\n0\r\n\r\n", 400, "client-body"),
-    "chunk-data-too-long": (b"Transfer-Encoding: chunked\r\n", b"5\r\nhelloXX\r\n0\r\n\r\n", 400, "client-body"),
-    "chunk-size-overflow": (b"Transfer-Encoding: chunked\r\n", b"fffffffffffffffff1\r\nhello\r\n", 400,
-                            "client-body"),
+    "chunk-size-bare-lf": (
+        b"Transfer-Encoding: chunked\r\n",
+        b"\n",
+        400,
+        "client-body",
+    ),
+    "chunk-size-not-hex": (
+        b"Transfer-Encoding: chunked\r\n",
+        b"zz\r\nhello\r\n0\r\n\r\n",
+        400,
+        "client-body",
+    ),
+    "chunk-size-0x": (
+        b"Transfer-Encoding: chunked\r\n",
+        b"0x5\r\nhello\r\n0\r\n\r\n",
+        400,
+        "client-body",
+    ),
+    "chunk-size-empty": (
+        b"Transfer-Encoding: chunked\r\n",
+        b"\r\nhello\r\n0\r\n\r\n",
+        400,
+        "client-body",
+    ),
+    "chunk-data-too-long": (
+        b"Transfer-Encoding: chunked\r\n",
+        b"5\r\nhelloXX\r\n0\r\n\r\n",
+        400,
+        "client-body",
+    ),
+    "chunk-size-overflow": (
+        b"Transfer-Encoding: chunked\r\n",
+        b"fffffffffffffffff1\r\nhello\r\n",
+        400,
+        "client-body",
+    ),
 }
 
 
-@pytest.mark.parametrize(("head", "body", "status", "reason"), SMUGGLING.values(), ids=SMUGGLING.keys())
+@pytest.mark.parametrize(
+    ("head", "body", "status", "reason"), SMUGGLING.values(), ids=SMUGGLING.keys()
+)
 def test_smuggling_attempts_are_refused_and_the_smuggled_request_never_reaches_the_pod(
     setup, head, body, status, reason
 ):
-    assert_refused(setup, req(head, body, line=b"POST /upload HTTP/1.1") + SMUGGLED, status, reason)
+    assert_refused(
+        setup, req(head, body, line=b"POST /upload HTTP/1.1") + SMUGGLED, status, reason
+    )
 
 
 def test_good_pipelined_requests_are_each_served_once(setup):
     # The control: a well-framed chunked body followed by a pipelined request is two
     # requests, and both reach the pod, each once.
     before = setup.pod.stats()
-    answer = exchange(setup, req(b"Transfer-Encoding: chunked\r\n", _chunked(b"hello world", 4),
-                                 line=b"POST /upload HTTP/1.1")
-                      + b"GET /pipelined HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    answer = exchange(
+        setup,
+        req(
+            b"Transfer-Encoding: chunked\r\n",
+            _chunked(b"hello world", 4),
+            line=b"POST /upload HTTP/1.1",
+        )
+        + b"GET /pipelined HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    )
     got = responses(answer)
     assert [code for code, _, _ in got] == [200, 200], answer
     assert b'"length": 11' in got[0][2]
     after = setup.pod.stats()
     assert after["count"] == before["count"] + 2
-    assert after["paths"].get("/pipelined", 0) == before["paths"].get("/pipelined", 0) + 1
+    assert (
+        after["paths"].get("/pipelined", 0) == before["paths"].get("/pipelined", 0) + 1
+    )
 
 
 # --------------------------------------------------------------------------------------

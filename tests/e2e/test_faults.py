@@ -44,7 +44,9 @@ pytestmark = pytest.mark.binary
 SERVICE = "api"
 
 
-def make_config(pods: Sequence[Any], limits: dict[str, Any] | None = None, **service: Any) -> dict[str, Any]:
+def make_config(
+    pods: Sequence[Any], limits: dict[str, Any] | None = None, **service: Any
+) -> dict[str, Any]:
     """One catch-all service ``api``: cc 1, no probe, first-available (the first listed
     free pod gets a request, so a test knows where it lands)."""
     svc: dict[str, Any] = {
@@ -69,7 +71,11 @@ def svc(status: dict[str, Any]) -> dict[str, Any]:
 
 def is_idle(status: dict[str, Any]) -> bool:
     s = svc(status)
-    return s["in_flight"] == 0 and s["queued"] == 0 and all(p["in_flight"] == 0 for p in s["pods"])
+    return (
+        s["in_flight"] == 0
+        and s["queued"] == 0
+        and all(p["in_flight"] == 0 for p in s["pods"])
+    )
 
 
 def assert_idle(act: Activator) -> dict[str, Any]:
@@ -87,7 +93,9 @@ def failures(status: dict[str, Any], address: str, kind: str) -> int:
     """Transport failures of ``kind`` (connect_errors, timeouts, resets) counted for a pod."""
     pod = find_pod(status, SERVICE, address)
     assert pod is not None, f"{address} not in /status"
-    return sum(n for k, n in pod["transport_failures"].items() if k.split(".")[0] == kind)
+    return sum(
+        n for k, n in pod["transport_failures"].items() if k.split(".")[0] == kind
+    )
 
 
 def parse_head(data: bytes) -> tuple[int, dict[str, str]]:
@@ -150,7 +158,9 @@ class ConnPod:
         self._listener.listen(64)
         self.address = f"127.0.0.1:{self._listener.getsockname()[1]}"
         self._lock = threading.Lock()
-        self.requests: list[tuple[int, str, str | None]] = []  # (connection, path, X-Request-Id)
+        self.requests: list[
+            tuple[int, str, str | None]
+        ] = []  # (connection, path, X-Request-Id)
         self.closed: set[int] = set()
         self.in_flight = 0
         self._ids = itertools.count(1)
@@ -165,7 +175,9 @@ class ConnPod:
                 return
             with self._lock:
                 self._conns.append(conn)
-            threading.Thread(target=self._serve, args=(conn, next(self._ids)), daemon=True).start()
+            threading.Thread(
+                target=self._serve, args=(conn, next(self._ids)), daemon=True
+            ).start()
 
     def _serve(self, conn: socket.socket, cid: int) -> None:
         buf = b""
@@ -179,21 +191,30 @@ class ConnPod:
                 head, _, buf = buf.partition(b"\r\n\r\n")
                 lines = head.decode("latin-1").split("\r\n")
                 target = urlsplit(lines[0].split(" ")[1])
-                headers = {k.strip().lower(): v.strip() for k, _, v in (h.partition(":") for h in lines[1:])}
+                headers = {
+                    k.strip().lower(): v.strip()
+                    for k, _, v in (h.partition(":") for h in lines[1:])
+                }
                 ms = int(parse_qs(target.query).get("ms", ["0"])[-1])
                 with self._lock:
-                    self.requests.append((cid, target.path, headers.get("x-request-id")))
+                    self.requests.append(
+                        (cid, target.path, headers.get("x-request-id"))
+                    )
                     self.in_flight += 1
                 try:
                     if target.path == "/stream":
-                        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 1000000000\r\n\r\n")
+                        conn.sendall(
+                            b"HTTP/1.1 200 OK\r\nContent-Length: 1000000000\r\n\r\n"
+                        )
                         while True:
                             conn.sendall(b"x" * 100)
                             time.sleep(0.05)
                     time.sleep(ms / 1000)
                     body = b"connection %d\n" % cid
-                    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nX-Conn: %d\r\n\r\n%s"
-                                 % (len(body), cid, body))
+                    conn.sendall(
+                        b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nX-Conn: %d\r\n\r\n%s"
+                        % (len(body), cid, body)
+                    )
                 finally:
                     with self._lock:
                         self.in_flight -= 1
@@ -229,25 +250,40 @@ def conn_pod() -> Iterator[ConnPod]:
 # 1. clients that leave
 
 
-def test_client_leaving_while_queued_is_dropped_and_never_reaches_the_pod(pod_factory, activator_factory):
+def test_client_leaving_while_queued_is_dropped_and_never_reaches_the_pod(
+    pod_factory, activator_factory
+):
     (pod,) = pod_factory(1)
     act = activator_factory(make_config([pod]))
 
-    first = start_request(act.listen, path="/delay?ms=4000", headers={"X-Request-Id": "first"})
+    first = start_request(
+        act.listen, path="/delay?ms=4000", headers={"X-Request-Id": "first"}
+    )
     try:
-        act.wait_for(lambda st: svc(st)["in_flight"] == 1, message="first request on the pod")
+        act.wait_for(
+            lambda st: svc(st)["in_flight"] == 1, message="first request on the pod"
+        )
         # Two clients queue behind it: a plain GET, and a POST whose body sits unread
         # in the activator's socket buffer (the EOF hides behind it).
-        leaver = start_request(act.listen, path="/delay?ms=0", headers={"X-Request-Id": "leaver"})
+        leaver = start_request(
+            act.listen, path="/delay?ms=0", headers={"X-Request-Id": "leaver"}
+        )
         body = b"x" * 5000
-        poster = start_request(act.listen, "POST", "/echo", body=body,
-                               headers={"X-Request-Id": "poster", "Content-Length": str(len(body))})
+        poster = start_request(
+            act.listen,
+            "POST",
+            "/echo",
+            body=body,
+            headers={"X-Request-Id": "poster", "Content-Length": str(len(body))},
+        )
         act.wait_for(lambda st: svc(st)["queued"] == 2, message="two requests queued")
         leaver.close()
         poster.close()
         # Out of the queue while the first request still holds the only slot.
-        act.wait_for(lambda st: svc(st)["queued"] == 0 and svc(st)["in_flight"] == 1,
-                     message="the queue empties before the first request ends")
+        act.wait_for(
+            lambda st: svc(st)["queued"] == 0 and svc(st)["in_flight"] == 1,
+            message="the queue empties before the first request ends",
+        )
         resp = first.getresponse()
         assert resp.status == 200
         resp.read()
@@ -274,14 +310,22 @@ def test_client_leaving_mid_response_releases_the_slot_and_closes_the_pod_connec
         assert resp.status == 200
         read_event(resp)
         assert pod.stats()["in_flight"] == 1
-    act.wait_for(lambda st: svc(st)["in_flight"] == 0, message="slot released after the client left")
-    wait_until(lambda: pod.stats()["in_flight"] == 0, message="the pod saw its connection closed")
+    act.wait_for(
+        lambda st: svc(st)["in_flight"] == 0,
+        message="slot released after the client left",
+    )
+    wait_until(
+        lambda: pod.stats()["in_flight"] == 0,
+        message="the pod saw its connection closed",
+    )
     assert request(act.listen, path="/delay?ms=0").status == 200
     assert pod.stats()["peak"] == 1
     assert_idle(act)
 
 
-def test_client_leaving_mid_response_the_pod_connection_is_not_reused(conn_pod, activator_factory):
+def test_client_leaving_mid_response_the_pod_connection_is_not_reused(
+    conn_pod, activator_factory
+):
     act = activator_factory(make_config([conn_pod]))
 
     # Control: the activator does keep pod connections alive and reuse them.
@@ -290,12 +334,19 @@ def test_client_leaving_mid_response_the_pod_connection_is_not_reused(conn_pod, 
     assert one.status == two.status == 200
     assert conn_pod.connection_of("one") == conn_pod.connection_of("two")
 
-    with stream(act.listen, path="/stream", headers={"X-Request-Id": "streamed"}) as resp:
+    with stream(
+        act.listen, path="/stream", headers={"X-Request-Id": "streamed"}
+    ) as resp:
         assert resp.status == 200
         assert resp.read1(50)
     streamed = conn_pod.connection_of("streamed")
-    act.wait_for(lambda st: svc(st)["in_flight"] == 0, message="slot released after the client left")
-    wait_until(lambda: streamed in conn_pod.closed, message="the pod connection was closed")
+    act.wait_for(
+        lambda st: svc(st)["in_flight"] == 0,
+        message="slot released after the client left",
+    )
+    wait_until(
+        lambda: streamed in conn_pod.closed, message="the pod connection was closed"
+    )
 
     nxt = request(act.listen, path="/x", headers={"X-Request-Id": "next"})
     assert nxt.status == 200
@@ -313,33 +364,51 @@ def test_client_leaving_while_the_pod_works_releases_at_the_end_and_drops_the_co
     conn_pod, activator_factory
 ):
     act = activator_factory(make_config([conn_pod]))
-    assert request(act.listen, path="/x", headers={"X-Request-Id": "warm"}).status == 200
+    assert (
+        request(act.listen, path="/x", headers={"X-Request-Id": "warm"}).status == 200
+    )
 
-    conn = start_request(act.listen, path="/x?ms=1500", headers={"X-Request-Id": "left"})
+    conn = start_request(
+        act.listen, path="/x?ms=1500", headers={"X-Request-Id": "left"}
+    )
     wait_until(lambda: conn_pod.in_flight == 1, message="the pod is working on it")
     conn.close()
     # The slot comes back no later than the pod's response ends.
     wait_until(lambda: conn_pod.in_flight == 0, message="the pod finished")
-    act.wait_for(lambda st: svc(st)["in_flight"] == 0, message="slot released once the pod answered")
+    act.wait_for(
+        lambda st: svc(st)["in_flight"] == 0,
+        message="slot released once the pod answered",
+    )
     left = conn_pod.connection_of("left")
 
     nxt = request(act.listen, path="/x", headers={"X-Request-Id": "next"})
     assert nxt.status == 200
     assert_idle(act)
-    assert conn_pod.connection_of("next") != left, "the abandoned request's pod connection was reused"
+    assert conn_pod.connection_of("next") != left, (
+        "the abandoned request's pod connection was reused"
+    )
 
 
 # --------------------------------------------------------------------------------------
 # 2. pods that fail
 
 
-def test_pod_reset_mid_response_cuts_the_client_and_counts_against_the_pod(pod_factory, activator_factory):
+@pytest.mark.parametrize("hard", [1, 0], ids=["reset", "close"])
+def test_pod_breaking_off_mid_response_cuts_the_client_and_counts_against_the_pod(
+    pod_factory, activator_factory, hard
+):
     bad, good = pod_factory(2)
     act = activator_factory(make_config([bad, good]))
 
-    cut = start_request(act.listen, path="/reset-mid-body?bytes=1000&after_ms=500")
+    # The pod sends a head promising 1 MB, 1000 bytes, then a reset (or a plain close).
+    cut = start_request(
+        act.listen, path=f"/reset-mid-body?bytes=1000&after_ms=500&hard={hard}"
+    )
     try:
-        wait_until(lambda: bad.stats()["in_flight"] == 1, message="the reset request is on the first pod")
+        wait_until(
+            lambda: bad.stats()["in_flight"] == 1,
+            message="the reset request is on the first pod",
+        )
         # Requests on the other pod, during the reset and after it.
         others = [start_request(act.listen, path="/delay?ms=300") for _ in range(4)]
         resp = cut.getresponse()
@@ -366,7 +435,9 @@ def test_pod_reset_mid_response_cuts_the_client_and_counts_against_the_pod(pod_f
     assert resp2.status == 200 and resp2.headers["X-Pod"] == bad.address
 
 
-def test_pod_that_never_answers_gets_504_at_request_timeout(pod_factory, activator_factory):
+def test_pod_that_never_answers_gets_504_at_request_timeout(
+    pod_factory, activator_factory
+):
     (pod,) = pod_factory(1)
     act = activator_factory(make_config([pod], request_timeout="1s"))
 
@@ -374,7 +445,10 @@ def test_pod_that_never_answers_gets_504_at_request_timeout(pod_factory, activat
     assert resp.status == 504
     assert reason(resp) == "upstream-timeout"
     # The activator closed the pod connection (the pod's /hang waits for exactly that).
-    wait_until(lambda: pod.stats()["in_flight"] == 0, message="the hung pod connection was closed")
+    wait_until(
+        lambda: pod.stats()["in_flight"] == 0,
+        message="the hung pod connection was closed",
+    )
     st = assert_idle(act)
     assert failures(st, pod.address, "timeouts") == 1
     assert request(act.listen, path="/delay?ms=0").status == 200
@@ -394,11 +468,24 @@ def test_pod_answering_garbage_gets_502(pod_factory, activator_factory):
     assert pod.stats()["count"] == 2
 
 
-def test_pod_killed_under_load_fails_only_its_own_requests_and_comes_back(pod_factory, activator_factory):
+def test_pod_killed_under_load_fails_only_its_own_requests_and_comes_back(
+    pod_factory, activator_factory
+):
     doomed, steady = pod_factory(2)
-    probe = {"path": "/healthz", "interval": "200ms", "timeout": "1s", "healthy_after": 1, "unhealthy_after": 2}
-    act = activator_factory(make_config([doomed, steady], container_concurrency=2, probe=probe))
-    act.wait_for(lambda st: all(p["state"] == "healthy" for p in svc(st)["pods"]), message="both healthy")
+    probe = {
+        "path": "/healthz",
+        "interval": "200ms",
+        "timeout": "1s",
+        "healthy_after": 1,
+        "unhealthy_after": 2,
+    }
+    act = activator_factory(
+        make_config([doomed, steady], container_concurrency=2, probe=probe)
+    )
+    act.wait_for(
+        lambda st: all(p["state"] == "healthy" for p in svc(st)["pods"]),
+        message="both healthy",
+    )
 
     # Two requests on the doomed pod (first-available, cc 2): one mid-response, one
     # whose response has not started; one long stream on the steady pod.
@@ -410,7 +497,10 @@ def test_pod_killed_under_load_fails_only_its_own_requests_and_comes_back(pod_fa
         assert resp_streaming.getheader("X-Pod") == doomed.address
         read_event(resp_streaming)
         waiting = start_request(act.listen, path="/delay?ms=60000")
-        wait_until(lambda: doomed.stats()["in_flight"] == 2, message="two requests on the doomed pod")
+        wait_until(
+            lambda: doomed.stats()["in_flight"] == 2,
+            message="two requests on the doomed pod",
+        )
         other = start_request(act.listen, path="/sse?n=30&gap_ms=50")
         resp_other = other.getresponse()
         assert resp_other.getheader("X-Pod") == steady.address
@@ -456,7 +546,9 @@ def test_pod_killed_under_load_fails_only_its_own_requests_and_comes_back(pod_fa
 
 
 @pytest.fixture
-def three_held(pod_factory, activator_factory) -> Iterator[tuple[Activator, Pod, list[Client]]]:
+def three_held(
+    pod_factory, activator_factory
+) -> Iterator[tuple[Activator, Pod, list[Client]]]:
     """An activator with ``max_connections: 3`` and three kept-alive connections held."""
     (pod,) = pod_factory(1)
     act = activator_factory(make_config([pod], limits={"max_connections": 3}))
@@ -512,11 +604,15 @@ def test_a_client_sending_at_once_over_max_connections_sees_the_503(three_held):
     assert pod.stats()["count"] == count
 
 
-def test_idle_keep_alive_connection_is_closed_after_client_timeout(pod_factory, activator_factory):
+def test_idle_keep_alive_connection_is_closed_after_client_timeout(
+    pod_factory, activator_factory
+):
     (pod,) = pod_factory(1)
     act = activator_factory(make_config([pod], limits={"client_timeout": "1s"}))
 
-    sock = send_raw(act.listen, b"GET /delay?ms=0 HTTP/1.1\r\nHost: x\r\n\r\n", timeout=30)
+    sock = send_raw(
+        act.listen, b"GET /delay?ms=0 HTTP/1.1\r\nHost: x\r\n\r\n", timeout=30
+    )
     try:
         data = b""
         while b"\r\n\r\n" not in data:
@@ -569,7 +665,9 @@ def test_slowloris_gets_408_or_is_closed(pod_factory, activator_factory):
     assert request(act.listen, path="/delay?ms=0").status == 200
 
 
-def test_hundreds_of_idle_and_slow_connections_do_not_starve_real_requests(pod_factory, activator_factory):
+def test_hundreds_of_idle_and_slow_connections_do_not_starve_real_requests(
+    pod_factory, activator_factory
+):
     pods = pod_factory(2)
     act = activator_factory(make_config(pods, limits={"client_timeout": "2s"}))
     host, port = act.listen.split(":")
@@ -612,7 +710,9 @@ def test_hundreds_of_idle_and_slow_connections_do_not_starve_real_requests(pod_f
                     continue  # EOF follows
                 sel.unregister(s)
                 open_.discard(s)
-        assert not open_, f"{len(open_)} idle connections still open after client_timeout"
+        assert not open_, (
+            f"{len(open_)} idle connections still open after client_timeout"
+        )
     finally:
         for s in idle:
             s.close()
@@ -641,13 +741,21 @@ def test_memory_stays_bounded_under_a_full_queue(pod_factory, activator_factory)
     # The hold: an endless stream holding the only slot until this test lets go.
     with stream(act.listen, path="/sse?n=1000000&gap_ms=100") as hold:
         read_event(hold)
-        threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(n_clients)]
+        threads = [
+            threading.Thread(target=client, args=(i,), daemon=True)
+            for i in range(n_clients)
+        ]
         for t in threads:
             t.start()
         # The excess is answered while the slot is still held: at once, not after a wait.
-        wait_until(lambda: len(statuses) >= n_clients - 50, timeout=60,
-                   message=lambda: f"{len(statuses)} answers so far")
-        st = act.wait_for(lambda st: svc(st)["queued"] == 50, message="the queue is full")
+        wait_until(
+            lambda: len(statuses) >= n_clients - 50,
+            timeout=60,
+            message=lambda: f"{len(statuses)} answers so far",
+        )
+        st = act.wait_for(
+            lambda st: svc(st)["queued"] == 50, message="the queue is full"
+        )
         rss_full = rss_kib(act.pid)
         with lock:
             early = list(statuses)
@@ -659,11 +767,13 @@ def test_memory_stays_bounded_under_a_full_queue(pod_factory, activator_factory)
     # is gone, possibly a moment before the pod notices its stream was closed.)
     for t in threads:
         t.join(120)
-    late = statuses[len(early):]
+    late = statuses[len(early) :]
     assert late == [(200, None)] * 50, sorted(set(late))
     rss_after = rss_kib(act.pid)
-    print(f"\nRSS KiB: before {rss_before}, queue full {rss_full}, after {rss_after}; "
-          f"{n_clients} clients, 50 queued")
+    print(
+        f"\nRSS KiB: before {rss_before}, queue full {rss_full}, after {rss_after}; "
+        f"{n_clients} clients, 50 queued"
+    )
     assert rss_full < 200 * 1024 and rss_after < 200 * 1024
     assert pod.stats()["count"] == 51
     assert_idle(act)
@@ -679,7 +789,9 @@ def test_only_configured_hosts_are_reachable(pod_factory, activator_factory):
 
     unknown = request(act.listen, path="/delay?ms=0", host="elsewhere.example.com")
     assert unknown.status == 404 and reason(unknown) == "unknown-host"
-    status, headers = parse_head(raw_exchange(act, b"GET /delay?ms=0 HTTP/1.0\r\n\r\n"))  # no Host
+    status, headers = parse_head(
+        raw_exchange(act, b"GET /delay?ms=0 HTTP/1.0\r\n\r\n")
+    )  # no Host
     assert status == 404 and headers.get("x-activator-reason") == "unknown-host"
     # The pod's own address as the Host is not a way in either.
     as_pod = request(act.listen, path="/delay?ms=0", host=pod.address)
@@ -687,21 +799,36 @@ def test_only_configured_hosts_are_reachable(pod_factory, activator_factory):
     assert pod.stats()["count"] == 0
 
 
-@pytest.mark.parametrize("request_line", [
-    b"GET http://{pod}/delay?ms=0 HTTP/1.1",
-    b"GET http://api.example.com/delay?ms=0 HTTP/1.1",
-    b"CONNECT {pod} HTTP/1.1",
-    b"CONNECT api.example.com:80 HTTP/1.1",
-    b"GET {pod} HTTP/1.1",
-    b"GET * HTTP/1.1",
-], ids=["absolute-pod", "absolute-own-host", "connect-pod", "connect-own-host", "authority-form", "asterisk"])
-def test_absolute_form_and_connect_are_refused(pod_factory, activator_factory, request_line):
+@pytest.mark.parametrize(
+    "request_line",
+    [
+        b"GET http://{pod}/delay?ms=0 HTTP/1.1",
+        b"GET http://api.example.com/delay?ms=0 HTTP/1.1",
+        b"CONNECT {pod} HTTP/1.1",
+        b"CONNECT api.example.com:80 HTTP/1.1",
+        b"GET {pod} HTTP/1.1",
+        b"GET * HTTP/1.1",
+    ],
+    ids=[
+        "absolute-pod",
+        "absolute-own-host",
+        "connect-pod",
+        "connect-own-host",
+        "authority-form",
+        "asterisk",
+    ],
+)
+def test_absolute_form_and_connect_are_refused(
+    pod_factory, activator_factory, request_line
+):
     (pod,) = pod_factory(1)
     act = activator_factory(make_config([pod], hosts=["api.example.com"]))
 
     line = request_line.replace(b"{pod}", pod.address.encode())
     for host in (b"api.example.com", pod.address.encode()):
-        answer = raw_exchange(act, line + b"\r\nHost: " + host + b"\r\nConnection: close\r\n\r\n")
+        answer = raw_exchange(
+            act, line + b"\r\nHost: " + host + b"\r\nConnection: close\r\n\r\n"
+        )
         status, headers = parse_head(answer)
         assert status == 400, answer
         assert headers.get("x-activator-reason") == "bad-request-target", answer

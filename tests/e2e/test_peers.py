@@ -514,3 +514,29 @@ def test_check_prints_this_activators_share(tmp_path):
         shares.append("api: 1 of 1 slots" in out.stdout)
         assert shares[-1] or "api: 0 of 1 slots" in out.stdout, out.stdout
     assert shares == [True, False, False]
+
+
+def test_an_activator_whose_own_pods_are_all_pending_forwards_instead_of_queueing(pod_factory, activator_factory):
+    """No black hole: two activators each own one of two cc=1 pods; the pod one of them
+    owns fails its probe. That activator's capacity is 0, so its requests go to the
+    peer, whose pod is healthy, instead of waiting out queue_timeout in its own queue."""
+    pods = pod_factory(2)
+    services = {"api": service("api.test", pods, 1, probe={"path": "/healthz", "interval": "200ms"},
+                               queue_timeout="2s")}
+    acts, _ = start_fleet(activator_factory, ["vm-a", "vm-b"], services)
+    for act in acts.values():
+        act.wait_for(lambda st: all(p["state"] == "healthy" for p in st["services"]["api"]["pods"]),
+                     message="both pods healthy")
+    owner = {owner_of(acts, "api", pod): pod for pod in pods}
+    assert set(owner) == {"vm-a", "vm-b"}, "each activator owns one pod"
+    sick = owner["vm-a"]
+    sick.set_health(False)
+    acts["vm-a"].wait_for(lambda st: find_pod(st, "api", sick.address)["state"] == "pending",
+                          message="vm-a's pod pending")
+    sick.reset()
+    healthy = owner["vm-b"]
+    healthy.reset()
+    results = [request(acts["vm-a"].url("/delay?ms=50"), host="api.test") for _ in range(4)]
+    assert [r.status for r in results] == [200] * 4, [(r.status, r.headers.get("x-activator-reason")) for r in results]
+    assert sick.stats()["count"] == 0
+    assert healthy.stats()["count"] == 4 and healthy.stats()["peak"] == 1

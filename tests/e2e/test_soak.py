@@ -66,7 +66,10 @@ class Load:
         self.outcomes: list[Outcome] = []
         self._issued = 0
         self._lock = threading.Lock()
-        self._threads = [threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(THREADS)]
+        self._threads = [
+            threading.Thread(target=self._run, args=(i,), daemon=True)
+            for i in range(THREADS)
+        ]
         self._rng = random.Random(7)
 
     def start(self) -> None:
@@ -77,7 +80,9 @@ class Load:
         deadline = time.monotonic() + timeout
         for t in self._threads:
             t.join(max(0.0, deadline - time.monotonic()))
-        assert not any(t.is_alive() for t in self._threads), f"load still running: {self.done}/{self.total}"
+        assert not any(t.is_alive() for t in self._threads), (
+            f"load still running: {self.done}/{self.total}"
+        )
 
     @property
     def done(self) -> int:
@@ -97,21 +102,36 @@ class Load:
             ms = 5 + n % 20  # 5..24 ms of pod work
             start = time.monotonic()
             try:
-                resp = request(self.act.listen, path=f"/delay?ms={ms}", headers={"X-Request-Id": rid}, timeout=120)
+                resp = request(
+                    self.act.listen,
+                    path=f"/delay?ms={ms}",
+                    headers={"X-Request-Id": rid},
+                    timeout=120,
+                )
             except (http.client.HTTPException, OSError) as exc:
-                outcome = Outcome(rid, start, time.monotonic(), f"cut:{type(exc).__name__}")
+                outcome = Outcome(
+                    rid, start, time.monotonic(), f"cut:{type(exc).__name__}"
+                )
             else:
                 if resp.status == 200:
-                    outcome = Outcome(rid, start, time.monotonic(), "ok", resp.headers.get("X-Pod"))
+                    outcome = Outcome(
+                        rid, start, time.monotonic(), "ok", resp.headers.get("X-Pod")
+                    )
                 else:
                     why = resp.headers.get("X-Activator-Reason")
-                    outcome = Outcome(rid, start, time.monotonic(), f"http-{resp.status}-{why}")
+                    outcome = Outcome(
+                        rid, start, time.monotonic(), f"http-{resp.status}-{why}"
+                    )
             with self._lock:
                 self.outcomes.append(outcome)
 
 
 def pod_failure_shaped(kind: str) -> bool:
-    return kind.startswith("cut:") or kind.startswith("http-502-") or kind.startswith("http-504-")
+    return (
+        kind.startswith("cut:")
+        or kind.startswith("http-502-")
+        or kind.startswith("http-504-")
+    )
 
 
 def test_soak_with_churn_and_crashes(activator_factory):
@@ -121,27 +141,46 @@ def test_soak_with_churn_and_crashes(activator_factory):
     for p in pods:
         p.wait_ready()
     rng = random.Random(20261129)
-    probe = {"path": "/healthz", "interval": "200ms", "timeout": "1s", "healthy_after": 1, "unhealthy_after": 2}
+    probe = {
+        "path": "/healthz",
+        "interval": "200ms",
+        "timeout": "1s",
+        "healthy_after": 1,
+        "unhealthy_after": 2,
+    }
     # listing: pod -> "serve" | "drain"; unlisted pods are absent
     listing: dict[Pod, str] = {p: "serve" for p in pods}
 
     def config() -> dict[str, Any]:
-        entries: list[Any] = [p.address if how == "serve" else {"address": p.address, "drain": True}
-                              for p, how in listing.items()]
+        entries: list[Any] = [
+            p.address if how == "serve" else {"address": p.address, "drain": True}
+            for p, how in listing.items()
+        ]
         rng.shuffle(entries)
         return {
             "access_log": False,
-            "services": {SERVICE: {
-                "hosts": ["*"], "container_concurrency": 1, "lb_policy": "auto", "probe": probe,
-                "queue_depth": 10000, "queue_timeout": "120s", "connect_timeout": "1s",
-                "request_timeout": "30s", "pods": entries,
-            }},
+            "services": {
+                SERVICE: {
+                    "hosts": ["*"],
+                    "container_concurrency": 1,
+                    "lb_policy": "auto",
+                    "probe": probe,
+                    "queue_depth": 10000,
+                    "queue_timeout": "120s",
+                    "connect_timeout": "1s",
+                    "request_timeout": "30s",
+                    "pods": entries,
+                }
+            },
         }
 
     act = activator_factory(config(), env={"ACTIVATOR_WATCH_INTERVAL": "0.2"})
     try:
-        act.wait_for(lambda st: [p["state"] for p in st["services"][SERVICE]["pods"]] == ["healthy"] * N_PODS,
-                     message="all pods healthy")
+        act.wait_for(
+            lambda st: [p["state"] for p in st["services"][SERVICE]["pods"]]
+            == ["healthy"] * N_PODS,
+            message="all pods healthy",
+        )
         peaks: dict[str, int] = {p.address: 0 for p in pods}
         kills: list[tuple[str, float]] = []  # (pod, when)
         actions: Counter[str] = Counter()
@@ -152,7 +191,9 @@ def test_soak_with_churn_and_crashes(activator_factory):
             peaks[pod.address] = max(peaks[pod.address], pod.stats()["peak"])
 
         def restart_later(pod: Pod, after: float) -> None:
-            time.sleep(after)  # how long the pod stays dead: pacing, not a wait for an effect
+            time.sleep(
+                after
+            )  # how long the pod stays dead: pacing, not a wait for an effect
             pod.start()
             dead.discard(pod)
 
@@ -174,7 +215,11 @@ def test_soak_with_churn_and_crashes(activator_factory):
                 dead.add(victim)
                 kills.append((victim.address, time.monotonic()))
                 actions["crash"] += 1
-                t = threading.Thread(target=restart_later, args=(victim, rng.uniform(0.3, 0.8)), daemon=True)
+                t = threading.Thread(
+                    target=restart_later,
+                    args=(victim, rng.uniform(0.3, 0.8)),
+                    daemon=True,
+                )
                 t.start()
                 restarting.append(t)
             elif roll < 0.4 and len(serving()) >= 3:
@@ -195,7 +240,9 @@ def test_soak_with_churn_and_crashes(activator_factory):
                 act.rewrite_config(config())  # same pods, another order
                 act.reload()
                 actions["reload+sighup"] += 1
-            time.sleep(rng.uniform(0.05, 0.2))  # pacing the chaos, not a wait for an effect
+            time.sleep(
+                rng.uniform(0.05, 0.2)
+            )  # pacing the chaos, not a wait for an effect
 
         for t in restarting:
             t.join(60)
@@ -205,8 +252,11 @@ def test_soak_with_churn_and_crashes(activator_factory):
         actions["re-add"] += 1
         load.join(timeout=300)
         st = act.wait_for(
-            lambda s: (s["services"][SERVICE]["in_flight"] == 0 and s["services"][SERVICE]["queued"] == 0
-                       and all(p["in_flight"] == 0 for p in s["services"][SERVICE]["pods"])),
+            lambda s: (
+                s["services"][SERVICE]["in_flight"] == 0
+                and s["services"][SERVICE]["queued"] == 0
+                and all(p["in_flight"] == 0 for p in s["services"][SERVICE]["pods"])
+            ),
             message="every count back to zero",
         )
         rss_end = rss_kib(act.pid)

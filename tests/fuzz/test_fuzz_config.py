@@ -65,9 +65,16 @@ EXPECTED: dict[str, str | None] = {
 
 #: The files also run through ``activator check`` (a process each, so a few): the ones
 #: whose error message or summary is most likely to trip the printing.
-CLI_FILES = ["billion_laughs_in_hosts.yaml", "billion_laughs_mapping.yaml", "merge_bomb.yaml",
-             "bom_crlf_valid.yaml", "invalid_utf8.yaml", "injection_probe_path.yaml", "yaml11_scalars.yaml",
-             "huge_numbers.yaml"]
+CLI_FILES = [
+    "billion_laughs_in_hosts.yaml",
+    "billion_laughs_mapping.yaml",
+    "merge_bomb.yaml",
+    "bom_crlf_valid.yaml",
+    "invalid_utf8.yaml",
+    "injection_probe_path.yaml",
+    "yaml11_scalars.yaml",
+    "huge_numbers.yaml",
+]
 
 #: Seconds any one load may take (a guard against exponential blow-ups, not a timing
 #: assertion: a correct loader is a thousand times faster).
@@ -130,13 +137,22 @@ def test_activator_check_on_hostile_files_exits_0_or_2_without_a_traceback():
     env = dict(os.environ)
     env.pop("ACTIVATOR_CONFIG", None)
     repo = Path(__file__).resolve().parents[2]
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(repo), env.get("PYTHONPATH", "")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(repo), env.get("PYTHONPATH", "")) if p
+    )
     binary = os.environ.get("ACTIVATOR_BIN")
     command = [binary] if binary else [sys.executable, "-m", "activator"]
 
     def check(path: Path) -> tuple[Path, subprocess.CompletedProcess[str]]:
-        done = subprocess.run([*command, "check", "-c", str(path)], capture_output=True, text=True,
-                              timeout=60, env=env, stdin=subprocess.DEVNULL, check=False)
+        done = subprocess.run(
+            [*command, "check", "-c", str(path)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            check=False,
+        )
         return path, done
 
     with ThreadPoolExecutor(max_workers=4) as pool:
@@ -159,21 +175,46 @@ CORPUS_BYTES = [f.read_bytes() for f in FILES]
 def mutated(draw: st.DrawFn) -> bytes:
     data = bytearray(draw(st.sampled_from(CORPUS_BYTES)))
     for _ in range(draw(st.integers(1, 4))):
-        kind = draw(st.sampled_from(["flip", "truncate", "insert", "delete", "dup-line", "swap-lines"]))
+        kind = draw(
+            st.sampled_from(
+                ["flip", "truncate", "insert", "delete", "dup-line", "swap-lines"]
+            )
+        )
         n = len(data)
         if kind == "flip" and n:
             data[draw(st.integers(0, n - 1))] = draw(st.integers(0, 255))
         elif kind == "truncate":
-            del data[draw(st.integers(0, n)):]
+            del data[draw(st.integers(0, n)) :]
         elif kind == "insert":
-            piece = draw(st.sampled_from([b"*a", b"&a ", b"<<: ", b"!!", b"[", b"{", b"\n  ", b": ", b"- ",
-                                          b"\t", b"\x00", b"\xff", b"'", b'"', b"\\u", b"---\n", b"1e999"])
-                         | st.binary(max_size=8))
+            piece = draw(
+                st.sampled_from(
+                    [
+                        b"*a",
+                        b"&a ",
+                        b"<<: ",
+                        b"!!",
+                        b"[",
+                        b"{",
+                        b"\n  ",
+                        b": ",
+                        b"- ",
+                        b"\t",
+                        b"\x00",
+                        b"\xff",
+                        b"'",
+                        b'"',
+                        b"\\u",
+                        b"---\n",
+                        b"1e999",
+                    ]
+                )
+                | st.binary(max_size=8)
+            )
             at = draw(st.integers(0, n))
             data[at:at] = piece
         elif kind == "delete" and n:
             at = draw(st.integers(0, n - 1))
-            del data[at:at + draw(st.integers(1, 16))]
+            del data[at : at + draw(st.integers(1, 16))]
         elif kind in ("dup-line", "swap-lines"):
             lines = bytes(data).split(b"\n")
             i = draw(st.integers(0, len(lines) - 1))
@@ -188,7 +229,9 @@ def mutated(draw: st.DrawFn) -> bytes:
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(mutated())
-def test_mutated_hostile_files_give_a_config_or_a_config_error(tmp_path_factory, data: bytes):
+def test_mutated_hostile_files_give_a_config_or_a_config_error(
+    tmp_path_factory, data: bytes
+):
     path = tmp_path_factory.getbasetemp() / "mutated.yaml"
     path.write_bytes(data)
     PWNED.unlink(missing_ok=True)

@@ -53,9 +53,21 @@ def fuzzed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fuzzed]:
     pod = Pod()
     config = {
         "access_log": False,
-        "limits": {"client_timeout": "500ms", "max_header_bytes": MAX_HEADER_BYTES, "max_body_bytes": 4096},
-        "services": {"api": {"hosts": ["*"], "container_concurrency": 1, "probe": None,
-                             "request_timeout": "2s", "queue_timeout": "5s", "pods": [pod.address]}},
+        "limits": {
+            "client_timeout": "500ms",
+            "max_header_bytes": MAX_HEADER_BYTES,
+            "max_body_bytes": 4096,
+        },
+        "services": {
+            "api": {
+                "hosts": ["*"],
+                "container_concurrency": 1,
+                "probe": None,
+                "request_timeout": "2s",
+                "queue_timeout": "5s",
+                "pods": [pod.address],
+            }
+        },
     }
     act = Activator(config, workdir=tmp_path_factory.mktemp("fuzz-requests"))
     try:
@@ -81,7 +93,7 @@ def _line(data: bytes, pos: int) -> tuple[bytes, int]:
     end = data.find(b"\n", pos)
     if end < 0:
         raise _Stop("incomplete line")
-    return data[pos:end + 1], end + 1
+    return data[pos : end + 1], end + 1
 
 
 def _chunked_end(data: bytes, pos: int) -> int:
@@ -103,14 +115,14 @@ def _chunked_end(data: bytes, pos: int) -> int:
             if cr < 0:
                 raise _Stop("incomplete extension")
             pos = cr + 1
-        if data[pos:pos + 1] != b"\n" or not digits:
+        if data[pos : pos + 1] != b"\n" or not digits:
             raise _Stop("chunk size line")
         pos += 1
         size = int(digits, 16)
         if size == 0:
             while True:  # trailers, up to an empty line
                 cr = data.find(b"\r", pos)
-                if cr < 0 or data[cr + 1:cr + 2] != b"\n":
+                if cr < 0 or data[cr + 1 : cr + 2] != b"\n":
                     raise _Stop("trailer")
                 empty = cr == pos
                 pos = cr + 2
@@ -118,7 +130,7 @@ def _chunked_end(data: bytes, pos: int) -> int:
                     return pos
         if len(data) < pos + size + 2:
             raise _Stop("incomplete chunk")
-        if data[pos + size:pos + size + 2] != b"\r\n":
+        if data[pos + size : pos + size + 2] != b"\r\n":
             raise _Stop("chunk data not followed by CRLF")
         pos += size + 2
 
@@ -140,8 +152,12 @@ def valid_requests(data: bytes) -> list[bytes]:
             if len(line) >= MAX_REQUEST_LINE:
                 break
             words = line.rstrip(b"\r\n").split(b" ")
-            if (len(words) != 3 or not _TOKEN.match(words[0]) or not _TARGET.match(words[1])
-                    or words[2] not in (b"HTTP/1.1", b"HTTP/1.0")):
+            if (
+                len(words) != 3
+                or not _TOKEN.match(words[0])
+                or not _TARGET.match(words[1])
+                or words[2] not in (b"HTTP/1.1", b"HTTP/1.0")
+            ):
                 break
             method, target, version = words
             headers: list[tuple[bytes, bytes]] = []
@@ -158,14 +174,26 @@ def valid_requests(data: bytes) -> list[bytes]:
                 if _BAD_VALUE.search(value):
                     raise _Stop("header value")
                 headers.append((name.lower(), value))
-            lengths = {v.strip() for n, vs in headers if n == b"content-length" for v in vs.split(b",")}
+            lengths = {
+                v.strip()
+                for n, vs in headers
+                if n == b"content-length"
+                for v in vs.split(b",")
+            }
             encodings = [v for n, v in headers if n == b"transfer-encoding"]
             if encodings:
-                if version != b"HTTP/1.1" or lengths or len(encodings) != 1 or encodings[0].lower() != b"chunked":
+                if (
+                    version != b"HTTP/1.1"
+                    or lengths
+                    or len(encodings) != 1
+                    or encodings[0].lower() != b"chunked"
+                ):
                     break
                 pos = _chunked_end(data, pos)
             elif lengths:
-                if len(lengths) != 1 or not re.fullmatch(rb"[0-9]+", next(iter(lengths))):
+                if len(lengths) != 1 or not re.fullmatch(
+                    rb"[0-9]+", next(iter(lengths))
+                ):
                     break
                 n = int(next(iter(lengths)))
                 if n and method == b"HEAD":
@@ -174,10 +202,18 @@ def valid_requests(data: bytes) -> list[bytes]:
                     break
                 pos += n
             targets.append(target)
-            connection = next((v.lower() for n, v in headers if n == b"connection"), None)
-            if version == b"HTTP/1.1" and connection is not None and b"close" in connection:
+            connection = next(
+                (v.lower() for n, v in headers if n == b"connection"), None
+            )
+            if (
+                version == b"HTTP/1.1"
+                and connection is not None
+                and b"close" in connection
+            ):
                 break
-            if version == b"HTTP/1.0" and (connection is None or b"keep-alive" not in connection):
+            if version == b"HTTP/1.0" and (
+                connection is None or b"keep-alive" not in connection
+            ):
                 break
     except _Stop:
         pass
@@ -187,11 +223,18 @@ def valid_requests(data: bytes) -> list[bytes]:
 def test_the_reference_parser_on_the_corpus():
     by_name = {f.name: valid_requests(f.read_bytes()) for f in FILES}
     assert by_name["01_get_close.http"] == [b"/delay?ms=0"]
-    assert by_name["02_pipelined_keepalive.http"] == [b"/echo/one?a=1", b"/echo/two?b=2"]
+    assert by_name["02_pipelined_keepalive.http"] == [
+        b"/echo/one?a=1",
+        b"/echo/two?b=2",
+    ]
     assert by_name["04_post_chunked_ext_trailer.http"] == [b"/upload"]
     assert by_name["06_http10_keepalive_post.http"] == [b"/upload", b"/delay"]
-    for smuggling in ("12_smuggle_cl_te.http", "13_smuggle_te_te.http", "14_smuggle_cl_cl.http",
-                      "15_obs_fold.http"):
+    for smuggling in (
+        "12_smuggle_cl_te.http",
+        "13_smuggle_te_te.http",
+        "14_smuggle_cl_cl.http",
+        "15_obs_fold.http",
+    ):
         assert by_name[smuggling] == [], smuggling
     assert by_name["18_bad_chunk_then_request.http"] == []
     assert 10 <= len(FILES) <= 20
@@ -200,10 +243,39 @@ def test_the_reference_parser_on_the_corpus():
 
 # -- mutations ---------------------------------------------------------------------------
 
-HEADER_NAMES = [b"Content-Length", b"Transfer-Encoding", b"Connection", b"Host", b"Expect", b"Upgrade",
-                b"content-length", b"Transfer-encoding", b" Transfer-Encoding", b"X-A", b"", b"X A", b"\x00"]
-HEADER_VALUES = [b"0", b"5", b"44", b"+5", b"-1", b"chunked", b"gzip, chunked", b" chunked", b"close",
-                 b"keep-alive", b"100-continue", b"\x0bchunked", b"chunked\r\nX: y", b"", b"5, 5", b"5, 6"]
+HEADER_NAMES = [
+    b"Content-Length",
+    b"Transfer-Encoding",
+    b"Connection",
+    b"Host",
+    b"Expect",
+    b"Upgrade",
+    b"content-length",
+    b"Transfer-encoding",
+    b" Transfer-Encoding",
+    b"X-A",
+    b"",
+    b"X A",
+    b"\x00",
+]
+HEADER_VALUES = [
+    b"0",
+    b"5",
+    b"44",
+    b"+5",
+    b"-1",
+    b"chunked",
+    b"gzip, chunked",
+    b" chunked",
+    b"close",
+    b"keep-alive",
+    b"100-continue",
+    b"\x0bchunked",
+    b"chunked\r\nX: y",
+    b"",
+    b"5, 5",
+    b"5, 6",
+]
 LINE_ENDINGS = [b"\r\n", b"\n", b"\r", b"\r\r\n", b"\n\r", b"\r\n\r\n", b""]
 
 
@@ -211,14 +283,25 @@ LINE_ENDINGS = [b"\r\n", b"\n", b"\r", b"\r\r\n", b"\n\r", b"\r\n\r\n", b""]
 def mutated_request(draw: st.DrawFn) -> bytes:
     data = bytearray(draw(st.sampled_from(CORPUS_BYTES)))
     for _ in range(draw(st.integers(0, 3))):
-        kind = draw(st.sampled_from(
-            ["flip", "truncate", "dup-header", "add-header", "line-ending", "all-line-endings", "insert", "delete"]
-        ))
+        kind = draw(
+            st.sampled_from(
+                [
+                    "flip",
+                    "truncate",
+                    "dup-header",
+                    "add-header",
+                    "line-ending",
+                    "all-line-endings",
+                    "insert",
+                    "delete",
+                ]
+            )
+        )
         n = len(data)
         if kind == "flip" and n:
             data[draw(st.integers(0, n - 1))] = draw(st.integers(0, 255))
         elif kind == "truncate" and n:
-            del data[draw(st.integers(1, n)):]
+            del data[draw(st.integers(1, n)) :]
         elif kind == "dup-header":
             lines = bytes(data).split(b"\r\n")
             if len(lines) > 2:
@@ -226,26 +309,43 @@ def mutated_request(draw: st.DrawFn) -> bytes:
                 lines.insert(draw(st.integers(1, len(lines))), lines[i])
                 data = bytearray(b"\r\n".join(lines))
         elif kind == "add-header":
-            name = draw(st.sampled_from(HEADER_NAMES) | st.binary(min_size=1, max_size=12))
+            name = draw(
+                st.sampled_from(HEADER_NAMES) | st.binary(min_size=1, max_size=12)
+            )
             value = draw(st.sampled_from(HEADER_VALUES) | st.binary(max_size=20))
             first = bytes(data).find(b"\n")
             if first >= 0:
-                data[first + 1:first + 1] = name + b": " + value + b"\r\n"
+                data[first + 1 : first + 1] = name + b": " + value + b"\r\n"
         elif kind == "line-ending":
             ends = [m.start() for m in re.finditer(rb"\r\n", bytes(data))]
             if ends:
                 at = draw(st.sampled_from(ends))
-                data[at:at + 2] = draw(st.sampled_from(LINE_ENDINGS))
+                data[at : at + 2] = draw(st.sampled_from(LINE_ENDINGS))
         elif kind == "all-line-endings":
-            data = bytearray(bytes(data).replace(b"\r\n", draw(st.sampled_from(LINE_ENDINGS))))
+            data = bytearray(
+                bytes(data).replace(b"\r\n", draw(st.sampled_from(LINE_ENDINGS)))
+            )
         elif kind == "insert":
             at = draw(st.integers(0, n))
-            data[at:at] = draw(st.sampled_from([b" ", b"\t", b"\x00", b"\r", b"\n", b":", b";", b"0",
-                                                b"GET /smuggled HTTP/1.1\r\nHost: x\r\n\r\n"])
-                               | st.binary(min_size=1, max_size=6))
+            data[at:at] = draw(
+                st.sampled_from(
+                    [
+                        b" ",
+                        b"\t",
+                        b"\x00",
+                        b"\r",
+                        b"\n",
+                        b":",
+                        b";",
+                        b"0",
+                        b"GET /smuggled HTTP/1.1\r\nHost: x\r\n\r\n",
+                    ]
+                )
+                | st.binary(min_size=1, max_size=6)
+            )
         elif kind == "delete" and n:
             at = draw(st.integers(0, n - 1))
-            del data[at:at + draw(st.integers(1, 8))]
+            del data[at : at + draw(st.integers(1, 8))]
     return bytes(data)
 
 
@@ -264,7 +364,9 @@ def exchange(act: object, data: bytes) -> bytes:
             except ConnectionResetError:
                 break  # the activator closed with our bytes unread: a closed connection
             except socket.timeout:
-                pytest.fail(f"the activator kept the connection open for 30 s after {data!r}")
+                pytest.fail(
+                    f"the activator kept the connection open for 30 s after {data!r}"
+                )
             if not chunk:
                 break
             chunks.append(chunk)
@@ -283,11 +385,13 @@ def parse_responses(answer: bytes) -> list[tuple[int, dict[bytes, bytes]]]:
     pos = 0
     while pos < len(answer):
         m = _STATUS_LINE.match(answer, pos)
-        assert m, f"not a status line at {pos}: {answer[pos:pos + 80]!r} in {answer!r}"
+        assert m, (
+            f"not a status line at {pos}: {answer[pos : pos + 80]!r} in {answer!r}"
+        )
         end = answer.find(b"\r\n\r\n", m.end() - 2)
         assert end >= 0, f"incomplete response head: {answer[pos:]!r}"
         headers = {}
-        for line in answer[m.end():end].split(b"\r\n"):
+        for line in answer[m.end() : end].split(b"\r\n"):
             if line:
                 name, _, value = line.partition(b":")
                 headers[name.strip().lower()] = value.strip()
@@ -303,7 +407,9 @@ def parse_responses(answer: bytes) -> list[tuple[int, dict[bytes, bytes]]]:
                 break  # a cut stream: the connection ended mid-body
         else:
             n = int(headers.get(b"content-length", b"0"))
-            if not (n and _STATUS_LINE.match(answer, pos)):  # after a HEAD the next one follows at once
+            if not (
+                n and _STATUS_LINE.match(answer, pos)
+            ):  # after a HEAD the next one follows at once
                 pos += n
     return out
 
@@ -320,7 +426,11 @@ def test_mutated_requests_never_crash_and_never_multiply(fuzzed: Fuzzed, data: b
     for status, headers in parse_responses(answer):
         if status == 100:
             continue
-        assert b"x-pod" in headers or b"x-activator-reason" in headers, (status, headers, data)
+        assert b"x-pod" in headers or b"x-activator-reason" in headers, (
+            status,
+            headers,
+            data,
+        )
         assert status != 500, (answer, data)
 
     expected = valid_requests(data)
@@ -330,7 +440,9 @@ def test_mutated_requests_never_crash_and_never_multiply(fuzzed: Fuzzed, data: b
         f"{after['paths']} (was {before['paths']})"
     )
     if not any(b"/smuggled" in t for t in expected):
-        assert after["paths"].get("/smuggled", 0) == before["paths"].get("/smuggled", 0), data
+        assert after["paths"].get("/smuggled", 0) == before["paths"].get(
+            "/smuggled", 0
+        ), data
 
 
 def test_zz_after_the_fuzzing_the_activator_serves_and_is_idle(fuzzed: Fuzzed):
@@ -339,5 +451,8 @@ def test_zz_after_the_fuzzing_the_activator_serves_and_is_idle(fuzzed: Fuzzed):
     act = fuzzed.act
     assert act.is_running()  # type: ignore[attr-defined]
     assert request(act.listen, path="/delay?ms=0").status == 200  # type: ignore[attr-defined]
-    st = act.wait_for(lambda s: s["services"]["api"]["in_flight"] == 0 and s["services"]["api"]["queued"] == 0)  # type: ignore[attr-defined]
+    st = act.wait_for(
+        lambda s: s["services"]["api"]["in_flight"] == 0
+        and s["services"]["api"]["queued"] == 0
+    )  # type: ignore[attr-defined]
     assert st["services"]["api"]["in_flight"] == 0
