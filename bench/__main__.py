@@ -36,6 +36,8 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"run only this scenario (repeatable): {', '.join(SCENARIOS)}")
     ap.add_argument("--out", help="where to write the markdown (default: see above)")
     ap.add_argument("--no-install", action="store_true", help="do not apt-get install missing tools")
+    ap.add_argument("--no-rt", action="store_true",
+                    help="never use real-time priority (chrt) for the light-load latency measurements")
     args = ap.parse_args(argv)
 
     started = time.time()
@@ -65,6 +67,9 @@ def main(argv: list[str] | None = None) -> int:
             pass
     tools, notes = c.find_tools(install=not args.no_install)
     ctx = c.Ctx(quick=args.quick, work=work, tools=tools)
+    ctx.rt = not args.no_rt and c.rt_available()
+    if not ctx.rt:
+        ctx.note("no real-time priority (chrt): latency runs share the CPUs with whatever else runs")
     if niced:
         ctx.note("the bench and every process it started ran at nice -5 (other work on this shared machine "
                  "gets less of the CPU while it runs)")

@@ -118,6 +118,20 @@ def render(ctx: Ctx, sections: list[Section], command: str, started: float, prof
             "Everything ran on this one machine, servers on 127.0.0.1, in one run: compare the ratios "
             "(against the baseline measured in the same run) rather than absolute numbers.", ""]
     out += ["## Machine", ""] + machine_lines(ctx) + [""]
+    out += ["## Method", "",
+            "- Every server is started by the bench on 127.0.0.1 (free ports), its output in `bench/out/work/` "
+            "(git-ignored). Configurations are written by the scenario modules (`bench/*.py`); activator runs as "
+            "`python -m activator run -c CONFIG` (or `$ACTIVATOR_BIN run -c CONFIG`), `access_log: false` unless a "
+            "row says otherwise.",
+            "- Closed-loop saturation: `wrk -t1 -c50` (Debian's wrk 4.1). Open loop (fixed rate, Poisson arrivals), "
+            "the churn clients and the 10,000 held connections: `bench/loadgen.py`, raw sockets and epoll, waits "
+            "through select() for microsecond timers; an open-loop request's latency runs from its *scheduled* send "
+            "time, so a stalled proxy cannot hide behind a slowed-down generator (coordinated omission). wrk2 and "
+            "vegeta are not packaged in Debian 12; hey's `-q` is a per-worker closed-loop rate.",
+            "- CPU us/req: user + system CPU time of the server process (and its children) from /proc over a wrk "
+            "run, divided by the requests served. On a shared machine it is much steadier than req/s.",
+            "- Each comparison runs its targets in interleaved rounds and reports medians, so a burst of outside "
+            "load does not land on one target only.", ""]
     heads = [h for s in sections for h in s.headline]
     if heads:
         out += ["## Headline", ""] + [f"- {h}" for h in heads] + [""]

@@ -5,13 +5,14 @@ Pods are distinct loopback addresses ``127.x.y.z:PORT`` served by ONE nginx list
 pods a test routes to are ever connected.
 
 1. Reload: a file with a 1-pod service ``small`` (the one requests go to) and a service
-   ``big`` with N pods (``probe: null``). Under a steady open-loop stream of 500 req/s
-   to ``small``: the file is changed (100 of the big service's pods drained, or
-   undrained) and SIGHUP sent; also one SIGHUP with no change. Reload time = SIGHUP to
-   the "config reload ... applied" / "no change" log line (log timestamps, ms). Stall =
-   the longest latency (from the scheduled send time) of the requests scheduled while
-   the reload ran, against the same stream before any reload. The file watcher is set
-   to a long interval here so that only the SIGHUP triggers a reload.
+   ``big`` with N pods (``probe: null``). The file is changed (100 of the big service's
+   pods drained, or undrained) and SIGHUP sent; also SIGHUPs with no change. First with
+   no traffic: reload time = SIGHUP to the "config reload ... applied" / "no change" log
+   line (log timestamps, ms), and the CPU time the process spent on it (/proc). Then
+   under a steady open-loop stream of 500 req/s to ``small``: stall = the longest
+   latency (from the scheduled send time) of the requests scheduled while the reload
+   ran, against the same stream before any reload. The file watcher is set to a long
+   interval here so that only the SIGHUP triggers a reload.
 2. Per-request cost with 10 vs N pods in the routed service (a separate activator for
    each N, so nothing else differs): first-available (cc 1, wrk -c8: no queueing, 8
    pods busy) and round-robin (cc 100, wrk -c50: every pod used in turn, so N distinct
@@ -157,6 +158,12 @@ def _reload_test(ctx: c.Ctx, procs: c.Procs, nginx: int, npods: int, sec: Sectio
         f"The stream before any reload: p50 {c.pct(base, 50):.2f} ms, p99 {c.pct(base, 99):.2f} ms, max "
         f"{max(base, default=float('nan')):.2f} ms ({len(base)} requests); {failed} failed in the whole stream. "
         f"Startup with {npods:,} pods: {startup:.2f} s to /readyz; RSS {rss / 1024:.0f} MiB.")
+    sec.notes.append(
+        "Why requests stall during a reload although the file is parsed in the hub's threadpool: the parse is "
+        "Python code holding the GIL, and the hub gets the GIL back only every `sys.getswitchinterval()` (5 ms) "
+        "and gives it up again at each wait in epoll, so every loop iteration of a request costs up to 5 ms "
+        "(the convoy effect); libyaml's compose (Cython) never releases it. Then `diff_configs`, "
+        "`Topology.apply` (every tracker of the service) and `Runtime.summary()` run on the hub itself.")
     if len(logs) != len(sent):
         sec.notes.append(f"expected {len(sent)} reload log lines, found {len(logs)}")
     full = npods >= 10000
@@ -301,7 +308,9 @@ def run(ctx: c.Ctx) -> Section:
     nqueued = ctx.n(10000, 1000)
     sec = Section("scale", f"Scale: {npods:,} pods in the file, {nqueued:,} queued requests")
     sec.intro = (f"Pods are distinct loopback addresses `127.x.y.z:PORT`, all served by one nginx listening on "
-                 f"`0.0.0.0:PORT`, `probe: null`. activator on cpu1, nginx and the load on cpu0.")
+                 f"`0.0.0.0:PORT`, `probe: null`. activator on cpu1, nginx and the load on cpu0, normal priority "
+                 "(not real-time: with SCHED_RR on one core the hub thread does not get the GIL back from the "
+                 "threadpool's parse at all, which is not what production sees).")
     with c.Procs(ctx, "scale") as procs:
         _, nginx = c.start_nginx(procs, any_address=True)
         c.log(f"scale: reload with {npods} pods")

@@ -1,8 +1,10 @@
-"""Shared pytest setup: import paths, the ``slow`` marker, and process fixtures.
+"""Shared pytest setup: import paths, markers, and process fixtures.
 
-Rules: nothing here imports or patches gevent (e2e tests use plain threads; gevent-based
-race tests patch themselves), and nothing imports ``harness`` at module level, so that
-``http.client``/``ssl`` are not imported before such a module's ``monkey.patch_all()``.
+The test session is NOT monkey-patched: the e2e tests drive real processes from plain
+threads, and the tests that need gevent (races, upstream, metrics) use gevent's own
+sockets and primitives directly, as the activator's modules do. (Patching part-way
+through collection, or the whole session, made libev abort once in a few hundred
+subprocess-heavy tests.) Nothing imports ``harness`` at module level here.
 Every fixture that starts a process kills it at teardown, whatever the test's outcome;
 when a test failed, the activators' output tails are printed into the report.
 """

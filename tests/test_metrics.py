@@ -6,26 +6,23 @@ its datagrams are already queued on the receiver: no waiting, except for the gau
 greenlet itself (polled with a generous timeout, never timed).
 """
 
-from gevent import monkey
 
-monkey.patch_all()
+import dataclasses
+import logging
+from gevent import socket  # recv yields to the hub, so the sink's greenlets run
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
 
-import dataclasses  # noqa: E402
-import logging  # noqa: E402
-import socket  # noqa: E402
-import time  # noqa: E402
-from collections.abc import Callable, Iterator  # noqa: E402
-from typing import Any  # noqa: E402
+import gevent
+import pytest
 
-import gevent  # noqa: E402
-import pytest  # noqa: E402
-
-from activator.core.config import Address, Config, PodConfig, ProbeConfig, ServiceConfig, StatsdConfig  # noqa: E402
-from activator.core.states import PodEvent, PodState  # noqa: E402
-from activator.core.topology import Topology  # noqa: E402
-from activator.core.throttler import Grant, Transition  # noqa: E402
-from activator.metrics import StatsdMetrics, make_metrics, pod_id  # noqa: E402
-from activator.observe import MetricsSink, NoMetrics, RequestRecord  # noqa: E402
+from activator.core.config import Address, Config, PodConfig, ProbeConfig, ServiceConfig, StatsdConfig
+from activator.core.states import PodEvent, PodState
+from activator.core.topology import Topology
+from activator.core.throttler import Grant, Transition
+from activator.metrics import StatsdMetrics, make_metrics, pod_id
+from activator.observe import MetricsSink, NoMetrics, RequestRecord
 
 POD_A = "127.0.0.1:8001"
 POD_B = "127.0.0.1:8002"

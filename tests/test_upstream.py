@@ -1,24 +1,24 @@
-from gevent import monkey
+"""The upstream client against real sockets on 127.0.0.1: pooling, reuse rules, streaming
+both ways, timeouts, and every way a pod can fail (tests/upstream_backend.py).
+"""
 
-monkey.patch_all()
+import hashlib
+import io
+import json
 
-import hashlib  # noqa: E402
-import io  # noqa: E402
-import json  # noqa: E402
+import gevent
+import gevent.event
+import pytest
 
-import gevent  # noqa: E402
-import gevent.event  # noqa: E402
-import pytest  # noqa: E402
-
-from activator.core.errors import UpstreamConnectError, UpstreamTimeout  # noqa: E402
-from activator.upstream import (  # noqa: E402
+from activator.core.errors import UpstreamConnectError, UpstreamTimeout
+from activator.upstream import (
     RequestBodyError,
     UpstreamBadResponse,
     UpstreamBodyError,
     UpstreamBodyTimeout,
     UpstreamPool,
 )
-from upstream_backend import RawBackend, WsgiBackend, listener, pattern, read_head, reset  # noqa: E402
+from upstream_backend import RawBackend, WsgiBackend, listener, pattern, read_head, reset
 
 MiB = 1024 * 1024
 TIMEOUTS = {"connect_timeout": 2.0, "request_timeout": 5.0}
@@ -569,10 +569,10 @@ def test_host_name_and_bare_requests(backend):
 
 # -- the head parser, fed in arbitrary pieces (no sockets) ---------------------------------
 
-from hypothesis import given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from activator.upstream import UpstreamResponse  # noqa: E402
+from activator.upstream import UpstreamResponse
 
 SAMPLE_HEAD = (
     b"HTTP/1.1 200 All Good\r\nServer: x\r\nX-Empty:\r\nConnection: keep-alive, X-Hop\r\n"

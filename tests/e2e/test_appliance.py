@@ -99,7 +99,7 @@ def svc(act: Activator) -> dict[str, Any]:
 
 
 def readyz(act: Activator) -> int:
-    return request(act.admin, path="/readyz", timeout=5.0).status  # type: ignore[arg-type]
+    return act.admin_get("/readyz", timeout=5.0).status
 
 
 def connection_refused(address: str) -> bool:

@@ -588,15 +588,15 @@ def test_connections_over_max_connections_get_503_and_then_are_served_again(thre
 
 
 @pytest.mark.xfail(
-    strict=True,
+    strict=False,  # a race: whether the request arrives before the close; usually it does
     reason="bug (server.py ProxyServer.handle): the refusal is followed by close() with the "
-    "client's request unread, so the kernel sends RST and the 503 is usually lost "
+    "client's request unread, so the kernel sends RST and the 503 is often lost "
     "(ECONNRESET); fix: shutdown(SHUT_WR) and drain the input briefly before closing",
 )
 def test_a_client_sending_at_once_over_max_connections_sees_the_503(three_held):
     act, pod, _ = three_held
     count = pod.stats()["count"]
-    for _ in range(10):  # a client's usual way: connect, send, read
+    for _ in range(20):  # a client's usual way: connect, send, read
         answer = raw_exchange(act, b"GET /delay?ms=0 HTTP/1.1\r\nHost: x\r\n\r\n")
         status, headers = parse_head(answer)
         assert status == 503, answer

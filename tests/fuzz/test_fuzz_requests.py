@@ -27,6 +27,7 @@ import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -42,8 +43,8 @@ MAX_REQUEST_LINE = 8192  # pywsgi's
 
 @dataclass
 class Fuzzed:
-    act: object
-    pod: object
+    act: Any  # harness.Activator (harness is imported lazily, see conftest)
+    pod: Any  # harness.Pod
 
 
 @pytest.fixture(scope="module")
@@ -352,10 +353,10 @@ def mutated_request(draw: st.DrawFn) -> bytes:
 # -- the check ---------------------------------------------------------------------------
 
 
-def exchange(act: object, data: bytes) -> bytes:
+def exchange(act: Any, data: bytes) -> bytes:
     from harness import send_raw
 
-    sock = send_raw(act.listen, data, timeout=30)  # type: ignore[attr-defined]
+    sock = send_raw(act.listen, data, timeout=30)
     chunks = []
     try:
         while True:
@@ -418,10 +419,10 @@ def parse_responses(answer: bytes) -> list[tuple[int, dict[bytes, bytes]]]:
 @given(data=mutated_request())
 def test_mutated_requests_never_crash_and_never_multiply(fuzzed: Fuzzed, data: bytes):
     act, pod = fuzzed.act, fuzzed.pod
-    before = pod.stats()  # type: ignore[attr-defined]
+    before = pod.stats()
     answer = exchange(act, data)
-    assert act.is_running(), act.output_tail()  # type: ignore[attr-defined]
-    after = pod.stats()  # type: ignore[attr-defined]
+    assert act.is_running(), act.output_tail()
+    after = pod.stats()
 
     for status, headers in parse_responses(answer):
         if status == 100:
@@ -449,10 +450,10 @@ def test_zz_after_the_fuzzing_the_activator_serves_and_is_idle(fuzzed: Fuzzed):
     from harness import request
 
     act = fuzzed.act
-    assert act.is_running()  # type: ignore[attr-defined]
-    assert request(act.listen, path="/delay?ms=0").status == 200  # type: ignore[attr-defined]
+    assert act.is_running()
+    assert request(act.listen, path="/delay?ms=0").status == 200
     st = act.wait_for(
         lambda s: s["services"]["api"]["in_flight"] == 0
         and s["services"]["api"]["queued"] == 0
-    )  # type: ignore[attr-defined]
+    )
     assert st["services"]["api"]["in_flight"] == 0

@@ -1,7 +1,3 @@
-from gevent import monkey
-
-monkey.patch_all()
-
 """Races (DESIGN.md tier 2): greenlets through ``activator.gate``, interleaved with
 topology changes by ``gevent.sleep(0)`` / ``gevent.idle()`` steps only.
 
@@ -11,22 +7,22 @@ each pod runs at once, as a real backend would, and every test ends with every c
 back to zero and ``check_invariants()`` holding.
 """
 
-import random  # noqa: E402
-import time  # noqa: E402
-from collections import Counter  # noqa: E402
-from dataclasses import replace  # noqa: E402
-from typing import Any, Callable  # noqa: E402
+import random
+import time
+from collections import Counter
+from dataclasses import replace
+from typing import Any, Callable
 
-import gevent  # noqa: E402
-import pytest  # noqa: E402
-from gevent.event import Event  # noqa: E402
+import gevent
+import pytest
+from gevent.event import Event
 
-from activator import client, gate  # noqa: E402
-from activator.core.config import Config, PodConfig, ProbeConfig, ServiceConfig  # noqa: E402
-from activator.core.errors import QueueFull, QueueTimeout  # noqa: E402
-from activator.core.states import PodState  # noqa: E402
-from activator.core.throttler import Grant, ServiceThrottler  # noqa: E402
-from activator.core.topology import Topology  # noqa: E402
+from activator import client, gate
+from activator.core.config import Config, PodConfig, ProbeConfig, ServiceConfig
+from activator.core.errors import QueueFull, QueueTimeout
+from activator.core.states import PodState
+from activator.core.throttler import Grant, ServiceThrottler
+from activator.core.topology import Topology
 
 A, B, C = "10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"
 BOUND = 10.0  # seconds: only to turn a hang into a failure
