@@ -38,6 +38,7 @@ import gevent
 from gevent.pywsgi import MAX_REQUEST_LINE, WSGIHandler, headers_factory
 
 from .core.config import LimitsConfig
+from .core.errors import ActivatorError
 
 CLIENT_SOCKET = "activator.client_socket"
 
@@ -224,8 +225,11 @@ def _body_consumed(stream: Any) -> bool:
     return bool(stream.position >= (stream.content_length or 0))
 
 
-class BodyTooLarge(IOError):
+class BodyTooLarge(ActivatorError):
     """A chunked request body grew past max_body_bytes."""
+
+    status = 413
+    reason = "body-too-large"
 
 
 class LimitedInput:

@@ -188,8 +188,8 @@ class Proxy:
 
     def __call__(self, req: falcon.Request, resp: falcon.Response, **_: Any) -> None:
         env = req.env
-        record = RequestRecord(start=time.monotonic(), client=env.get("REMOTE_ADDR", "-"), method=env["REQUEST_METHOD"],
-                               target=env.get("RAW_URI", "/"))
+        record = RequestRecord(start=time.monotonic(), client=env.get("REMOTE_ADDR", "-"),
+                               method=env["REQUEST_METHOD"], target=env.get("RAW_URI", "/"))
         self.active += 1
         body_owner = False
         try:
@@ -201,31 +201,44 @@ class Proxy:
             if self.stopping:
                 raise ShuttingDown()
             response, grant = self._obtain_response(env, throttler, record)
-            record.status = response.status
-            resp.status = f"{response.status} {response.reason}" if response.reason else response.status
-            for name, value in response.headers:
-                resp.append_header(name, value)
-            if response.content_length is not None:
-                resp.content_length = response.content_length
-            if record.method == "HEAD" or response.status in BODILESS_STATUSES:
-                # Falcon drops resp.stream for these without closing it, so a
-                # ProxiedBody would never release its slot: finish here instead.
-                response.close()
-                record.complete = True
-                if grant is not None:
-                    throttler.release(grant, time.monotonic())
-            else:
-                resp.stream = ProxiedBody(self, throttler, grant, response, record)
-                body_owner = True
+            body_owner = self._pass_on(env, resp, throttler, grant, response, record)
         except ActivatorError as error:
             record.status = error.status
             record.reason = error.reason
             render_error(resp, error)
         finally:
+            if self.stopping:
+                resp.set_header("Connection", "close")  # draining: no more requests on this connection
             if not body_owner:
                 self.active -= 1
                 record.end = time.monotonic()
                 self.observer.request_done(record)
+
+    def _pass_on(self, env: dict[str, Any], resp: falcon.Response, throttler: ServiceThrottler,
+                 grant: Grant | None, response: UpstreamResponse, record: RequestRecord) -> bool:
+        """Hand the pod's response to the client; True when a ProxiedBody now owns the slot."""
+        if client.hung_up(env.get(CLIENT_SOCKET)):
+            # Nobody will read it: drop the pod connection rather than reuse it half-read.
+            response.abort()
+            if grant is not None:
+                throttler.release(grant, time.monotonic())
+            raise client.ClientGone()
+        record.status = response.status
+        resp.status = f"{response.status} {response.reason}" if response.reason else response.status
+        for name, value in response.headers:
+            resp.append_header(name, value)
+        if response.content_length is not None:
+            resp.content_length = response.content_length
+        if record.method == "HEAD" or response.status in BODILESS_STATUSES:
+            # Falcon drops resp.stream for these without closing it, so a ProxiedBody
+            # would never release its slot: finish here instead.
+            response.close()
+            record.complete = True
+            if grant is not None:
+                throttler.release(grant, time.monotonic())
+            return False
+        resp.stream = ProxiedBody(self, throttler, grant, response, record)
+        return True
 
     def _obtain_response(self, env: dict[str, Any], throttler: ServiceThrottler,
                          record: RequestRecord) -> tuple[UpstreamResponse, Grant | None]:

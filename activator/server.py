@@ -54,6 +54,10 @@ from .workersockets import WorkerSockets
 log = logging.getLogger("activator")
 
 TICK_SECONDS = 0.5
+#: A second stop signal this soon after the first is the same one twice: a terminal's
+#: Ctrl-C (or ``systemctl kill``) reaches both the one-file bootloader, which forwards
+#: it, and the Python process. Only a later one means "exit now".
+DUPLICATE_SIGNAL_SECONDS = 1.0
 
 
 class ProxyServer(WSGIServer):
@@ -70,17 +74,36 @@ class ProxyServer(WSGIServer):
 
     def handle(self, sock: Any, address: Any) -> None:
         if self.connections >= self.max_connections:
-            try:
-                sock.sendall(refusal_bytes(503, "too-many-connections"))
-            except OSError:
-                pass
-            sock.close()
+            refuse(sock, refusal_bytes(503, "too-many-connections"))
             return
         self.connections += 1
         try:
             super().handle(sock, address)
         finally:
             self.connections -= 1
+
+
+def refuse(sock: Any, answer: bytes, linger: float = 1.0) -> None:
+    """Answer and close without losing the answer.
+
+    Closing with the client's request unread makes the kernel send a reset, which can
+    overtake the answer; so: answer, shut our side, read (and drop) what the client
+    sends for up to ``linger`` seconds or 64 KiB, then close.
+    """
+    try:
+        sock.sendall(answer)
+        sock.shutdown(socket.SHUT_WR)
+        sock.settimeout(linger)
+        drained = 0
+        while drained < 65536:
+            data = sock.recv(16384)
+            if not data:
+                break
+            drained += len(data)
+    except OSError:
+        pass
+    finally:
+        sock.close()
 
 
 def listen_socket(address: Address, *, reuse_port: bool = False, backlog: int = 1024) -> socket.socket:
@@ -109,6 +132,7 @@ class Runtime:
         self.started = time.monotonic()
         self.ready = False
         self.stopping = False
+        self._stop_signalled_at = 0.0
         self.notifier = Notifier.from_env()
         self.observer = Observer(access_log=config.access_log)
         self.topology = Topology(config, time.monotonic(), on_transition=self.observer.transition,
@@ -252,9 +276,13 @@ class Runtime:
     # -- stop -------------------------------------------------------------------
 
     def _on_stop_signal(self) -> None:
+        now = time.monotonic()
         if self.stopping:
+            if now - self._stop_signalled_at < DUPLICATE_SIGNAL_SECONDS:
+                return  # the same Ctrl-C, delivered to us and forwarded by the bootloader
             log.warning("second stop signal: exiting now")
             os._exit(0)
+        self._stop_signalled_at = now
         gevent.spawn(self.stop)
 
     def stop(self) -> None:

@@ -380,20 +380,18 @@ class UpstreamPool:
             raise
 
         resp._deadline = deadline
-        if resp._complete:
-            if resp._reusable():
-                self._release(sock)
-            else:
-                sock.close()
-        else:
-            resp._sock = sock
-            resp._pool = self
+        # Held even when the response is already complete: the caller decides, with
+        # close() (pool it) or abort() (the client left: drop it).
+        resp._sock = sock
+        resp._pool = self
         return resp
 
 
 def _read_body(body, n: int) -> bytes:
     try:
         return body.read(n)
+    except ActivatorError:
+        raise  # the handler's own verdict on the body (e.g. 413 body-too-large)
     except Exception as e:
         raise RequestBodyError(f"reading the request body failed: {e!r}") from e
 
@@ -593,6 +591,18 @@ class UpstreamResponse(HTTPResponseParser):
         data = bytes(pending[0]) if len(pending) == 1 else b"".join(pending)
         pending.clear()
         return data
+
+    def abort(self) -> None:
+        """Close the pod connection now, whatever was read: it is never reused.
+
+        For a response nobody will read (the client went away). Idempotent; ``close()``
+        afterwards does nothing.
+        """
+        sock = self._sock
+        if sock is not None:
+            self._sock = None
+            self._pool = None
+            sock.close()
 
     def _finish(self) -> None:
         """The body ended: hand the connection back (or close it)."""

@@ -38,7 +38,7 @@ from gevent.pywsgi import WSGIServer
 
 from . import admin as admin_api
 from .core.config import Address, Config
-from .server import listen_socket
+from .server import DUPLICATE_SIGNAL_SECONDS, listen_socket
 from .systemd import Notifier, run_watchdog
 from .workersockets import ENV, WorkerSockets
 
@@ -119,6 +119,7 @@ class Supervisor:
         self.config = config
         self.notifier = Notifier.from_env()
         self.stopping = False
+        self._stop_signalled_at = 0.0
         self._done = Event()
         public = listen_socket(config.listen)
         privates = [listen_socket(Address("127.0.0.1", 0)) for _ in range(config.workers)]
@@ -243,9 +244,13 @@ class Supervisor:
             gevent.sleep(0.1)
 
     def _on_stop_signal(self) -> None:
+        now = time.monotonic()
         if self.stopping:
+            if now - self._stop_signalled_at < DUPLICATE_SIGNAL_SECONDS:
+                return  # one Ctrl-C seen twice (see server.DUPLICATE_SIGNAL_SECONDS)
             self._signal_all(signal.SIGKILL)
             os._exit(0)
+        self._stop_signalled_at = now
         gevent.spawn(self._stop)
 
     def _stop(self) -> None:

@@ -219,7 +219,13 @@ def run(ctx: c.Ctx) -> Section:
                               f"({base_act:,.0f} vs {base_hello:,.0f} req/s); by CPU per request {cpu_ratio:.2f}x",
                               ratio >= 0.6,
                               "" if ratio >= 0.6 else f"needs {0.6 * base_hello:,.0f} req/s "
-                              f"(+{(0.6 * base_hello / base_act - 1) * 100:.0f}%)"))
+                              f"(+{(0.6 * base_hello / base_act - 1) * 100:.0f}%)",
+                              why=f"CPU per request: {cpu_act:.0f} us vs {cpu_hello:.0f} us for the bare stack. "
+                              "The extra is the upstream exchange (a send and a recv on the pod connection, "
+                              "parsing its head) plus avoidable work on the client side: pywsgi request headers "
+                              "built through email.feedparser, a request-log line formatted for a null log, a new "
+                              "gevent.Timeout per request head, headers and body sent in two writes "
+                              "(see 'Where the time goes')."))
     hap_rps = med("HAProxy", "rps") if have_haproxy else float("nan")
     sec.headline.append(f"activator / Falcon hello (saturation, one core): **{ratio:.2f}x** "
                         f"({base_act:,.0f} vs {base_hello:,.0f} req/s); by CPU per request {cpu_ratio:.2f}x "

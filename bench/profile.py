@@ -77,6 +77,37 @@ def analyse(raw: Path, top: int = 25) -> tuple[int, list[tuple[str, float]], lis
     return total, share(self_t), share(incl), share(files)
 
 
+#: (label, how, pattern): "self" = samples whose running frame matches, "incl" = samples
+#: with a matching frame anywhere on the stack. Patterns match "function (file)".
+GROUPS = (
+    ("socket I/O: gevent send/recv/sendall (the syscalls included)", "self", "(gevent/_socketcommon.py)"),
+    ("the upstream exchange, all of it (UpstreamPool.request)", "incl", "UpstreamPool.request ("),
+    ("request headers built through email.feedparser (pywsgi headers_factory)", "incl", "headers_factory ("),
+    ("pywsgi formatting a request-log line for the null log (format_request)", "incl", "format_request ("),
+    ("gevent.Timeout objects (head timer, socket timeouts)", "self", "(gevent/timeout.py)"),
+    ("falcon", "self", "(falcon/"),
+    ("activator's own code (self time)", "self", "(activator/"),
+    ("the event loop (Hub.run)", "self", "Hub.run ("),
+)
+
+
+def groups(raw: Path) -> list[tuple[str, float]]:
+    counts = dict.fromkeys(range(len(GROUPS)), 0)
+    total = 0
+    for line in raw.read_text(errors="replace").splitlines():
+        stack, _, n = line.rpartition(" ")
+        if not stack or not n.isdigit():
+            continue
+        frames = [_short(f, False) for f in stack.split(";")]
+        total += int(n)
+        for i, (_, how, pattern) in enumerate(GROUPS):
+            hit = pattern in frames[-1] if how == "self" else any(pattern in f for f in frames)
+            if hit:
+                counts[i] += int(n)
+    return [(GROUPS[i][0] + (" [self]" if GROUPS[i][1] == "self" else " [on stack]"), 100 * counts[i] / total)
+            for i in range(len(GROUPS))] if total else []
+
+
 def run(ctx: c.Ctx) -> str:
     spy = _ensure_pyspy(ctx)
     if spy is None:
@@ -112,7 +143,9 @@ def run(ctx: c.Ctx) -> str:
              f"({result.cpu_us:.0f} us CPU per request) while `py-spy record -r 250 {mode}` sampled it "
              f"for {seconds:g} s: {total:,} busy samples. Shares are of the busy samples. The raw collapsed stacks "
              f"are in `{out.relative_to(c.ROOT)}` (git-ignored; render with any flamegraph tool).", "",
-             "**By file (self time)**", "", "| file | self % |", "|---|---|"]
+             "**Named costs** (overlapping groups, shares of busy samples)", "", "| what | % |", "|---|---|"]
+    lines += [f"| {label} | {p:.1f} |" for label, p in groups(out)]
+    lines += ["", "**By file (self time)**", "", "| file | self % |", "|---|---|"]
     lines += [f"| `{f}` | {p:.1f} |" for f, p in files[:15]]
     lines += ["", "**Top functions, self time** (the function itself was running)", "", "| function | self % |",
               "|---|---|"]

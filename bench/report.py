@@ -34,6 +34,7 @@ class Target:
     measured: str
     met: bool | None  # None: could not be measured in this run
     gap: str = ""
+    why: str = ""  # what limits it (shown when not met)
 
 
 @dataclass
@@ -142,6 +143,9 @@ def render(ctx: Ctx, sections: list[Section], command: str, started: float, prof
             met = "n/a" if t.met is None else ("**met**" if t.met else "**not met**")
             out.append(f"| {t.name} | {t.goal} | {t.measured} | {met} | {t.gap or '-'} |")
         out.append("")
+        unmet = [t for t in targets if t.met is False and t.why]
+        if unmet:
+            out += ["What limits the targets not met:", ""] + [f"- **{t.name}**: {t.why}" for t in unmet] + [""]
     for s in sections:
         out.append(s.render())
     if profile_md:

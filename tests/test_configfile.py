@@ -344,8 +344,7 @@ def test_example_yaml_loads_and_listens_on_loopback_only() -> None:
     assert config.listen == Address("127.0.0.1", 8080)
     assert config.admin == Address("127.0.0.1", 9090)
     assert config.statsd is not None and config.statsd.address.host == "127.0.0.1"
-    assert config.activators is not None and config.activators.self_name == "vm-a"
-    assert {a.host for a in config.activators.peers.values()} == {"127.0.0.1"}
+    assert config.activators is None  # commented out: one VM must not give slots away
     api = config.services["api"]
     assert api.hosts == ("api.example.com",)
     assert (api.container_concurrency, api.queue_depth, api.queue_timeout) == (1, 100, 30.0)

@@ -32,6 +32,8 @@ from typing import TypeVar
 from activator.core.errors import ConfigError
 
 LB_POLICIES = ("auto", "first-available", "round-robin", "least-in-flight")
+#: More worker processes than this is a typo, not a machine (one per core is the point).
+MAX_WORKERS = 256
 
 
 @dataclass(frozen=True)
@@ -298,11 +300,13 @@ class _Parser:
                 raise self.fail((*path, key), f"unknown key{hint}; allowed: {', '.join(allowed)}")
         return _Section(self, value, path)
 
-    def integer(self, value: object, path: KeyPath, minimum: int) -> int:
+    def integer(self, value: object, path: KeyPath, minimum: int, maximum: int | None = None) -> int:
         if isinstance(value, bool) or not isinstance(value, int):
             raise self.fail(path, f"must be an integer, got {_describe_value(value)}")
         if value < minimum:
             raise self.fail(path, f"must be >= {minimum}, got {_number(value)}")
+        if maximum is not None and value > maximum:
+            raise self.fail(path, f"must be <= {maximum}, got {_number(value)}")
         return value
 
     def boolean(self, value: object, path: KeyPath) -> bool:
@@ -416,7 +420,7 @@ class _Parser:
             path=self.filename,
             listen=listen,
             admin=admin,
-            workers=top.integer("workers", default.workers, minimum=1),
+            workers=top.integer("workers", default.workers, minimum=1, maximum=MAX_WORKERS),
             grace_period=top.duration("grace_period", default.grace_period),
             access_log=top.boolean("access_log", default.access_log),
             limits=self.limits(top.get("limits")) if top.has("limits") else default.limits,
@@ -666,10 +670,10 @@ class _Section:
         value = self.mapping.get(key)
         return None if value is None else parse(value, self.path(key))
 
-    def integer(self, key: str, default: int, *, minimum: int) -> int:
+    def integer(self, key: str, default: int, *, minimum: int, maximum: int | None = None) -> int:
         if key not in self.mapping:
             return default
-        return self.parser.integer(self.mapping[key], self.path(key), minimum)
+        return self.parser.integer(self.mapping[key], self.path(key), minimum, maximum)
 
     def boolean(self, key: str, default: bool) -> bool:
         if key not in self.mapping:

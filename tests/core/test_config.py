@@ -164,6 +164,7 @@ INVALID: list[tuple[str, object, str, str]] = [
     ("workers-float", config(workers=1.5), "workers", "must be an integer, got number 1.5"),
     ("workers-whole-float", config(workers=2.0), "workers", "must be an integer, got number 2.0"),
     ("workers-bool", config(workers=True), "workers", "must be an integer, got boolean true"),
+    ("workers-too-many", config(workers=100000), "workers", "must be <= 256, got 100000"),
     ("workers-string", config(workers="2"), "workers", "must be an integer, got string '2'"),
     ("workers-null", config(workers=None), "workers", "must be an integer, got null"),
     ("workers-huge-negative", config(workers=-(10**5000)), "workers", "must be >= 1, got (huge)"),

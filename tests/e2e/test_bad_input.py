@@ -308,11 +308,6 @@ def test_chunked_body_growing_past_the_limit_never_reaches_the_pod_and_ends_the_
     assert after["count"] == before["count"], after["paths"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug (upstream.py _read_body): LimitedInput's BodyTooLarge is wrapped in "
-    "RequestBodyError, answered 400 client-body instead of 413 body-too-large",
-)
 def test_chunked_body_growing_past_the_limit_is_413(setup):
     data = req(
         b"Transfer-Encoding: chunked\r\n",

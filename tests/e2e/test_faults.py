@@ -354,12 +354,6 @@ def test_client_leaving_mid_response_the_pod_connection_is_not_reused(
     assert_idle(act)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug (proxy.py/upstream.py): a complete pod response to a client that already "
-    "hung up goes back to the keep-alive pool; the issue asks that the upstream connection "
-    "be closed rather than reused",
-)
 def test_client_leaving_while_the_pod_works_releases_at_the_end_and_drops_the_connection(
     conn_pod, activator_factory
 ):
@@ -587,12 +581,6 @@ def test_connections_over_max_connections_get_503_and_then_are_served_again(thre
     assert_idle(act)
 
 
-@pytest.mark.xfail(
-    strict=False,  # a race: whether the request arrives before the close; usually it does
-    reason="bug (server.py ProxyServer.handle): the refusal is followed by close() with the "
-    "client's request unread, so the kernel sends RST and the 503 is often lost "
-    "(ECONNRESET); fix: shutdown(SHUT_WR) and drain the input briefly before closing",
-)
 def test_a_client_sending_at_once_over_max_connections_sees_the_503(three_held):
     act, pod, _ = three_held
     count = pod.stats()["count"]
