@@ -23,6 +23,8 @@ malformed chunk, a body over the limit, a client too slow to send it), the
 connection is closed: where the next request starts is unknown, and parsing the
 rest of that body as a new request is exactly how a request is smuggled.
 
+Responses go out with status line, headers and the first piece of body in one write.
+
 It also bounds how long a client may take: ``limits.client_timeout`` for an idle
 keep-alive connection to send its next request and for the whole request head to
 arrive (a slowloris cannot hold a connection), and per socket operation after
@@ -201,6 +203,32 @@ class StrictHandler(WSGIHandler):
             return str(ex.status), refusal_bytes(ex.status, ex.reason)
         result: tuple[str, bytes] = super()._handle_client_error(ex)
         return result
+
+    def _write_with_headers(self, data: bytes) -> None:
+        """Status line, headers and the first piece of body in one send (pywsgi sends two).
+
+        One segment instead of two per small response: fewer syscalls, and no Nagle
+        interplay with delayed ACKs. Chunked framing is added as pywsgi's ``_write`` does.
+        """
+        self.headers_sent = True
+        self.finalize_headers()
+        towrite = bytearray(b"HTTP/1.1 ")
+        towrite += self.status
+        towrite += b"\r\n"
+        for header, value in self.response_headers:
+            towrite += header
+            towrite += b": "
+            towrite += value
+            towrite += b"\r\n"
+        towrite += b"\r\n"
+        if data:
+            if self.response_use_chunked:
+                towrite += b"%x\r\n" % len(data)
+                towrite += data
+                towrite += b"\r\n"
+            else:
+                towrite += data
+        self._sendall(towrite)
 
     def get_environ(self) -> dict[str, Any]:
         env: dict[str, Any] = super().get_environ()
