@@ -37,7 +37,7 @@ import re
 from typing import Any
 
 import gevent
-from gevent.pywsgi import MAX_REQUEST_LINE, WSGIHandler, headers_factory
+from gevent.pywsgi import MAX_REQUEST_LINE, WSGIHandler
 
 from .core.config import LimitsConfig
 from .core.errors import ActivatorError
@@ -85,7 +85,11 @@ class StrictHandler(WSGIHandler):
 
     def handle(self) -> None:
         self.socket.settimeout(self.limits.client_timeout)
-        super().handle()
+        try:
+            super().handle()
+        finally:
+            if self._head_timer is not None:
+                self._head_timer.close()
 
     def handle_one_request(self) -> Any:
         try:
@@ -108,7 +112,8 @@ class StrictHandler(WSGIHandler):
     def read_requestline(self) -> str:
         # The clock for the whole head starts when we wait for its first byte:
         # idle keep-alive and slow senders get the same budget.
-        self._head_timer = gevent.Timeout(self.limits.client_timeout, _HeadTimeout)
+        if self._head_timer is None:  # one per connection, restarted for each request
+            self._head_timer = gevent.Timeout(self.limits.client_timeout, _HeadTimeout)
         self._head_timer.start()
         try:
             line: bytes = self.rfile.readline(MAX_REQUEST_LINE)
@@ -128,8 +133,7 @@ class StrictHandler(WSGIHandler):
 
     def _stop_head_timer(self) -> None:
         if self._head_timer is not None:
-            self._head_timer.close()
-            self._head_timer = None
+            self._head_timer.cancel()
 
     def _read_request(self, raw_requestline: str) -> bool:
         line = raw_requestline.rstrip("\r\n")
@@ -150,7 +154,7 @@ class StrictHandler(WSGIHandler):
     def _read_headers(self) -> Any:
         limit = self.limits.max_header_bytes
         total = 0
-        message = headers_factory(_EMPTY)  # pywsgi's message class, filled by hand
+        message = RequestHeaders()
         while True:
             raw: bytes = self.rfile.readline(limit + 2)
             total += len(raw)
@@ -168,12 +172,12 @@ class StrictHandler(WSGIHandler):
             value = value.strip(b" \t")
             if _BAD_VALUE.search(value):
                 raise RequestRefused(400, "bad-request", f"control character in header {name.decode()!r}")
-            message[name.decode("latin-1")] = value.decode("latin-1")
+            message.add(name.decode("latin-1"), value.decode("latin-1"))
 
     def _framing(self) -> int | None:
         headers = self.headers
-        lengths = {v.strip() for v in headers.get_all("content-length") or () for v in v.split(",")}
-        encodings = headers.get_all("transfer-encoding") or []
+        lengths = {part.strip() for value in headers.get_all("content-length") for part in value.split(",")}
+        encodings = headers.get_all("transfer-encoding")
         if encodings:
             if self.request_version != "HTTP/1.1":
                 raise RequestRefused(400, "bad-request", "Transfer-Encoding in an HTTP/1.0 request")
@@ -190,8 +194,8 @@ class StrictHandler(WSGIHandler):
         length = int(next(iter(lengths)))
         if length and self.command == "HEAD":
             raise RequestRefused(400, "bad-request", "a HEAD request with a body")
-        del headers["content-length"]
-        headers["Content-Length"] = str(length)
+        headers.remove("content-length")
+        headers.add("Content-Length", str(length))
         maximum = self.limits.max_body_bytes
         if maximum is not None and length > maximum:
             raise RequestRefused(413, "body-too-large", f"Content-Length {length} over max_body_bytes {maximum}")
@@ -283,14 +287,47 @@ class LimitedInput:
         return data
 
 
-class _Empty:
-    """An empty header source, so pywsgi's message class can be built and then filled."""
+class RequestHeaders:
+    """The parsed request headers, with the small interface pywsgi uses.
 
-    def readline(self, size: int = -1) -> bytes:
-        return b""
+    Replaces pywsgi's ``http.client``/``email`` message (a feed parser per request, the
+    largest single cost of parsing a request). Names keep their case; lookups ignore it.
+    """
 
+    __slots__ = ("_items",)
+    status = ""  # pywsgi's parse-error slot: we raise instead
 
-_EMPTY = _Empty()
+    def __init__(self) -> None:
+        self._items: list[tuple[str, str, str]] = []  # (lower-case name, name, value)
+
+    def add(self, name: str, value: str) -> None:
+        self._items.append((name.lower(), name, value))
+
+    def get(self, name: str, default: str | None = None) -> str | None:
+        key = name.lower()
+        for lower, _, value in self._items:
+            if lower == key:
+                return value
+        return default
+
+    getheader = get
+
+    def get_all(self, name: str) -> list[str]:
+        key = name.lower()
+        return [value for lower, _, value in self._items if lower == key]
+
+    def remove(self, name: str) -> None:
+        key = name.lower()
+        self._items = [item for item in self._items if item[0] != key]
+
+    @property
+    def headers(self) -> list[str]:
+        """As pywsgi's ``_headers`` reads them: ``"Name: value\\r\\n"`` lines."""
+        return [f"{name}: {value}\r\n" for _, name, value in self._items]
+
+    @property
+    def typeheader(self) -> str | None:
+        return self.get("content-type")
 
 
 def handler_for(limits: LimitsConfig) -> type[StrictHandler]:
