@@ -41,6 +41,7 @@ from gevent.pywsgi import MAX_REQUEST_LINE, WSGIHandler
 
 from .core.config import LimitsConfig
 from .core.errors import ActivatorError
+from .sockets import send_all
 
 CLIENT_SOCKET = "activator.client_socket"
 
@@ -233,6 +234,21 @@ class StrictHandler(WSGIHandler):
             else:
                 towrite += data
         self._sendall(towrite)
+
+    def _sendall(self, data: bytes | bytearray) -> None:
+        """pywsgi's, with ``send_all`` (one send syscall for a small response)."""
+        try:
+            send_all(self.socket, data)
+        except OSError as ex:
+            self.status = f"socket error: {ex}"
+            if self.code > 0:
+                self.code = -self.code
+            raise
+        self.response_length += len(data)
+
+    def log_request(self) -> None:
+        """Nothing: the proxy writes its own access log (pywsgi would format a line per
+        request even with logging off)."""
 
     def get_environ(self) -> dict[str, Any]:
         env: dict[str, Any] = super().get_environ()

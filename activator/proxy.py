@@ -278,7 +278,8 @@ class Proxy:
         while True:
             attempts -= 1
             pod = grant.pod
-            if client.hung_up(env.get(CLIENT_SOCKET)):
+            if grant.queued and client.hung_up(env.get(CLIENT_SOCKET)):
+                # It waited: did its client leave at the very moment the slot came?
                 throttler.release(grant, time.monotonic())
                 raise client.ClientGone()
             sent_at = time.monotonic()

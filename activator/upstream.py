@@ -79,6 +79,7 @@ from gevent.monkey import get_original
 from geventhttpclient._parser import HTTPParseError, HTTPResponseParser
 
 from activator.core.errors import ActivatorError, UpstreamConnectError, UpstreamTimeout
+from activator.sockets import send_all
 
 __all__ = [
     "RequestBodyError",
@@ -329,7 +330,7 @@ class UpstreamPool:
         try:
             sock.settimeout(request_timeout)
             try:
-                sock.sendall(payload)
+                send_all(sock, payload)
             except TimeoutError as e:
                 raise UpstreamTimeout(f"{where} did not take the request within {request_timeout}s") from e
             except OSError as e:
@@ -403,15 +404,15 @@ def _send_rest(sock, body, chunked: bool, remaining: int, where: str, request_ti
             while True:
                 piece = _read_body(body, BLOCK_SIZE)
                 if not piece:
-                    sock.sendall(b"0\r\n\r\n")
+                    send_all(sock, b"0\r\n\r\n")
                     return
-                sock.sendall(b"%x\r\n%s\r\n" % (len(piece), piece))
+                send_all(sock, b"%x\r\n%s\r\n" % (len(piece), piece))
         while remaining > 0:
             piece = _read_body(body, BLOCK_SIZE if remaining > BLOCK_SIZE else remaining)
             if not piece:
                 raise RequestBodyError("request body ended before Content-Length")
             remaining -= len(piece)
-            sock.sendall(piece)
+            send_all(sock, piece)
     except TimeoutError as e:
         raise UpstreamTimeout(f"{where} did not take the request body within {request_timeout}s") from e
     except OSError as e:

@@ -99,12 +99,13 @@ class PodTracker:
 class Grant:
     """A slot held on one pod; give it back with ``ServiceThrottler.release`` exactly once."""
 
-    __slots__ = ("pod", "granted_at", "released")
+    __slots__ = ("pod", "granted_at", "released", "queued")
 
     def __init__(self, pod: PodTracker, now: float) -> None:
         self.pod = pod
         self.granted_at = now
         self.released = False
+        self.queued = False  # handed over to a waiter (rather than granted on arrival)
 
 
 class Waiter:
@@ -432,7 +433,8 @@ class ServiceThrottler:
             if pod is None:
                 return
             waiter, _ = queue.popitem(last=False)
-            waiter.grant = self._grant(pod, now)  # type: ignore[arg-type]
+            grant = waiter.grant = self._grant(pod, now)  # type: ignore[arg-type]
+            grant.queued = True
             waiter.notify()
 
     def _refresh(self, tracker: PodTracker) -> None:
