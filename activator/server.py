@@ -31,6 +31,7 @@ import time
 from typing import Any
 
 import gevent
+import gevent.lock
 import gevent.pool
 from gevent.event import Event
 from gevent.pywsgi import WSGIServer
@@ -38,7 +39,7 @@ from gevent.pywsgi import WSGIServer
 from . import __version__
 from .admin import make_admin_app
 from .configfile import load_config
-from .core.config import Address, Config, diff_configs
+from .core.config import Address, Config, ConfigDiff, diff_configs
 from .core.errors import ConfigError
 from .core.topology import Topology
 from .metrics import make_metrics
@@ -145,6 +146,7 @@ class Runtime:
         self.prober = Prober(self.topology)
         self.watcher = FileWatcher(self.path, self.reload)
         self._stopped = Event()
+        self._reload_lock = gevent.lock.Semaphore()
         self._greenlets: list[gevent.Greenlet] = []
         self.server: ProxyServer | None = None
         self.private_server: ProxyServer | None = None  # a worker's port for its siblings
@@ -233,10 +235,19 @@ class Runtime:
     # -- reload -----------------------------------------------------------------
 
     def reload(self, reason: str) -> None:
-        """Re-read the file; apply it if valid, else keep serving the old one."""
+        """Re-read the file; apply it if valid, else keep serving the old one.
+
+        One reload at a time (the watcher and SIGHUP may ask together), so files are
+        applied in the order they were read.
+        """
+        with self._reload_lock:
+            self._reload(reason)
+
+    def _reload(self, reason: str) -> None:
         self.notifier.reloading()
         try:
-            new = gevent.get_hub().threadpool.apply(load_config, (self.path,))
+            # Parse, validate and diff off the event loop: a big file must not stall requests.
+            new, diff = gevent.get_hub().threadpool.apply(_load_and_diff, (self.path, self.config))
         except ConfigError as error:
             self.last_error = str(error)
             if self.topology.worker_index == 0:  # one count per activator, not per worker
@@ -244,7 +255,6 @@ class Runtime:
             log.error("config reload (%s) failed, keeping the running config: %s", reason, error)
             self.notifier.ready(f"reload failed: {error}")
             return
-        diff = diff_configs(self.config, new)
         # From here to the end: no yielding, so requests see the old or the new state.
         old = self.config
         self.config = new
@@ -333,6 +343,12 @@ class Runtime:
             },
             "services": self.topology.snapshot(now),
         }
+
+
+def _load_and_diff(path: str, old: Config) -> tuple[Config, ConfigDiff]:
+    """Read ``path`` and what applying it would change (runs in the threadpool: pure)."""
+    new = load_config(path)
+    return new, diff_configs(old, new)
 
 
 class _PywsgiErrors:
