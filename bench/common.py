@@ -316,6 +316,9 @@ class Procs:
         self.dir = ctx.dir(scenario)
         self.procs: list[Proc] = []
 
+    def alive(self, proc: Proc) -> bool:
+        return proc.popen.poll() is None
+
     def start(self, name: str, cmd: Sequence[str], role: str | None = None,
               env: dict[str, str] | None = None, stdout_to: Path | None = None) -> Proc:
         prefix = pin(self.ctx, role) if role else []
@@ -333,7 +336,11 @@ class Procs:
         return proc
 
     def stop(self, proc: Proc, sig: int = signal.SIGTERM, grace: float = 5.0) -> None:
-        if proc.popen.poll() is None:
+        rc = proc.popen.poll()
+        if rc is not None:  # it should still be running: say so in the results
+            self.ctx.note(f"{self.dir.name}: {proc.name} (pid {proc.pid}) had exited on its own before the end of "
+                          f"its scenario, exit status {rc}; see {proc.stderr.relative_to(ROOT)}")
+        if rc is None:
             try:
                 os.killpg(proc.pid, sig)
             except ProcessLookupError:

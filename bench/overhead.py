@@ -149,10 +149,17 @@ def run(ctx: c.Ctx) -> Section:
             for name, port, _pid in targets_b:  # warm-up: connections open, code paths hot
                 c.run_wrk(ctx, port, 1)
         results: dict[str, list[c.WrkResult]] = {}
+        procs_by_pid = {p.pid: p for p in procs.procs}
         for r in range(rounds_b):
             for name, port, pid in targets_b:
+                proc = procs_by_pid.get(pid)
+                if proc is not None and not procs.alive(proc):
+                    continue  # died (noted when stopped): its rounds are left out, not counted as 0
                 c.log(f"overhead (b) wrk -t1 -c50 {secs_b:g}s, {name}, round {r + 1}/{rounds_b}")
-                results.setdefault(name, []).append(c.run_wrk(ctx, port, secs_b, cpu_pids=[pid]))
+                w = c.run_wrk(ctx, port, secs_b, cpu_pids=[pid])
+                if proc is not None and not procs.alive(proc):
+                    continue  # died during the run
+                results.setdefault(name, []).append(w)
 
         def med(name: str, attr: str) -> float:
             return c.median([getattr(w, attr) for w in results.get(name, [])])
@@ -165,11 +172,11 @@ def run(ctx: c.Ctx) -> Section:
         for name, _, _ in targets_b:
             rps = med(name, "rps")
             cpu = med(name, "cpu_us")
-            rows.append([name, rps, " / ".join(f"{w.rps:,.0f}" for w in results[name]), med(name, "p50_ms"),
+            rows.append([name, rps, " / ".join(f"{w.rps:,.0f}" for w in results.get(name, [])), med(name, "p50_ms"),
                          med(name, "p99_ms"), rps / base_direct if base_direct else float("nan"),
                          rps / base_hello if base_hello else float("nan"),
                          rps / base_act if base_act else float("nan"), cpu, cpu_hello / cpu,
-                         sum(w.errors + w.non2xx for w in results[name])])
+                         sum(w.errors + w.non2xx for w in results.get(name, []))])
         sec.tables.append(Table(
             f"(b) saturation, wrk -t1 -c50, {secs_b:g} s, median of {rounds_b} interleaved rounds "
             "(proxy on one core)",

@@ -12,7 +12,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from harness import LOCALHOST, free_ports, request, run_cli
+from harness import LOCALHOST, free_ports, request, run_cli, start_request
 
 from activator import __version__
 
@@ -216,6 +216,36 @@ def test_status_prints_a_table_of_a_running_instance(pod_factory, activator_fact
         row = [line for line in out.splitlines() if pod.address in line]
         assert row, f"{pod.address} missing from:\n{out}"
         assert "healthy" in row[0]
+
+
+def test_status_page_shows_every_pod_with_its_state_and_refreshes(pod_factory, activator_factory):
+    busy, drained = pod_factory(2)
+    act = activator_factory(
+        {
+            "access_log": False,
+            "services": {
+                "api": {
+                    "hosts": ["*"],
+                    "container_concurrency": 1,
+                    "probe": None,
+                    "pods": [busy.address, {"address": drained.address, "drain": True}],
+                }
+            },
+        }
+    )
+    held = start_request(act.listen, path="/delay?ms=3000")
+    try:
+        act.wait_for(lambda st: st["services"]["api"]["in_flight"] == 1, message="one request on the pod")
+        page = act.admin_get("/")
+    finally:
+        held.close()
+    assert page.status == 200
+    assert page.headers.get("content-type", "").startswith("text/html")
+    html = page.body.decode()
+    assert "http-equiv='refresh'" in html
+    rows = {pod: [line for line in html.split("<tr") if pod.address in line] for pod in (busy, drained)}
+    assert rows[busy] and "healthy" in rows[busy][0] and "class='busy'" in rows[busy][0], html
+    assert rows[drained] and "removed" in rows[drained][0] and "class='busy'" not in rows[drained][0], html
 
 
 def test_status_without_a_running_instance_fails(tmp_path):
