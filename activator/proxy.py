@@ -249,6 +249,8 @@ class Proxy:
         """
         config = throttler.config
         marker = env.get(FORWARDED_ENV)
+        # Built before waiting, so that a handed-over slot is put to use at once.
+        headers = forwarded_headers(env)
         target = self.topology.forward_target(throttler.name)
         if target is None or not may_forward(marker, target.kind):
             try:
@@ -259,20 +261,19 @@ class Proxy:
                     raise QueueTimeout() from None
             else:
                 record.queue_wait = time.monotonic() - record.start
-                response, grant = self._exchange(env, throttler, grant, record)
+                response, grant = self._exchange(env, headers, throttler, grant, record)
                 record.pod = grant.pod.address
                 return response, grant
-        return self._forward(env, target, config, record), None
+        return self._forward(env, headers, target, config, record), None
 
-    def _exchange(self, env: dict[str, Any], throttler: ServiceThrottler, grant: Grant,
-                  record: RequestRecord) -> tuple[UpstreamResponse, Grant]:
+    def _exchange(self, env: dict[str, Any], headers: list[tuple[str, str]], throttler: ServiceThrottler,
+                  grant: Grant, record: RequestRecord) -> tuple[UpstreamResponse, Grant]:
         """Send the request to the granted pod (retrying a failed connect once).
 
         Returns the response and the grant it runs on; on error the grant is released
         and the ActivatorError propagates.
         """
         config = throttler.config
-        headers = forwarded_headers(env)
         body, length = request_body(env)
         attempts = 2
         while True:
@@ -308,18 +309,17 @@ class Proxy:
             record.upstream_start = sent_at
             return response, grant
 
-    def _forward(self, env: dict[str, Any], target: Forward, config: ServiceConfig,
-                 record: RequestRecord) -> UpstreamResponse:
+    def _forward(self, env: dict[str, Any], headers: list[tuple[str, str]], target: Forward,
+                 config: ServiceConfig, record: RequestRecord) -> UpstreamResponse:
         """Hand the request to a peer activator, or a sibling worker, that owns slots.
 
         The receiver queues it like its own; the marker header keeps it from going on.
         """
         record.pod = f"{target.kind}:{target.address}"
         record.relayed = target.kind == "worker"
-        headers = forwarded_headers(env)
         hop = f"{target.kind} {self.self_name if target.kind == 'peer' else self.topology.worker_index}"
         marker = env.get(FORWARDED_ENV)
-        headers.append((FORWARDED_HEADER, f"{marker}, {hop}" if marker else hop))
+        headers = [*headers, (FORWARDED_HEADER, f"{marker}, {hop}" if marker else hop)]
         body, length = request_body(env)
         return self._pool_for(target.address).request(
             env["REQUEST_METHOD"], record.target, headers, body, length,
