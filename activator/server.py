@@ -59,6 +59,8 @@ TICK_SECONDS = 0.5
 #: Ctrl-C (or ``systemctl kill``) reaches both the one-file bootloader, which forwards
 #: it, and the Python process. Only a later one means "exit now".
 DUPLICATE_SIGNAL_SECONDS = 1.0
+#: The GIL switch interval while the threadpool parses a new file (Python's default: 5 ms).
+RELOAD_SWITCH_INTERVAL = 0.0005
 
 
 class ProxyServer(WSGIServer):
@@ -245,9 +247,13 @@ class Runtime:
 
     def _reload(self, reason: str) -> None:
         self.notifier.reloading()
+        # Parse, validate and diff off the event loop: a big file must not stall requests.
+        # That work is Python holding the GIL; a short switch interval lets the hub get
+        # it back every 0.5 ms instead of every 5 ms while it runs.
+        switch_interval = sys.getswitchinterval()
+        sys.setswitchinterval(RELOAD_SWITCH_INTERVAL)
         try:
-            # Parse, validate and diff off the event loop: a big file must not stall requests.
-            new, diff = gevent.get_hub().threadpool.apply(_load_and_diff, (self.path, self.config))
+            new, diff, changed = gevent.get_hub().threadpool.apply(_load_and_diff, (self.path, self.config))
         except ConfigError as error:
             self.last_error = str(error)
             if self.topology.worker_index == 0:  # one count per activator, not per worker
@@ -255,10 +261,12 @@ class Runtime:
             log.error("config reload (%s) failed, keeping the running config: %s", reason, error)
             self.notifier.ready(f"reload failed: {error}")
             return
+        finally:
+            sys.setswitchinterval(switch_interval)
         # From here to the end: no yielding, so requests see the old or the new state.
         old = self.config
         self.config = new
-        self.topology.apply(new, time.monotonic())
+        self.topology.apply(new, time.monotonic(), changed)
         self.observer.access_log = new.access_log
         for server in (self.server, self.private_server):
             if server is not None:
@@ -345,10 +353,16 @@ class Runtime:
         }
 
 
-def _load_and_diff(path: str, old: Config) -> tuple[Config, ConfigDiff]:
-    """Read ``path`` and what applying it would change (runs in the threadpool: pure)."""
+def _load_and_diff(path: str, old: Config) -> tuple[Config, ConfigDiff, set[str] | None]:
+    """Read ``path``: the new config, what applying it changes, and the names of the
+    services to re-apply (None: all, the peers changed). Runs in the threadpool: pure."""
     new = load_config(path)
-    return new, diff_configs(old, new)
+    if new.activators != old.activators:
+        changed = None
+    else:
+        changed = {name for name in old.services.keys() | new.services.keys()
+                   if old.services.get(name) != new.services.get(name)}
+    return new, diff_configs(old, new), changed
 
 
 class _PywsgiErrors:

@@ -32,6 +32,8 @@ from typing import TypeVar
 from activator.core.errors import ConfigError
 
 LB_POLICIES = ("auto", "first-available", "round-robin", "least-in-flight")
+_OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+_DOTTED_QUAD = re.compile(rf"{_OCTET}(?:\.{_OCTET}){{3}}")
 #: More worker processes than this is a typo, not a machine (one per core is the point).
 MAX_WORKERS = 256
 
@@ -388,6 +390,8 @@ class _Parser:
     def hostname(self, text: str, path: KeyPath) -> str:
         """A valid IPv4 address or DNS name, lower-cased."""
         host = text.lower()
+        if _DOTTED_QUAD.fullmatch(host):
+            return host  # already canonical (the common case in a file of 10,000 pods)
         if re.fullmatch(r"[0-9.]+", host):
             try:
                 return str(ipaddress.IPv4Address(host))

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Collection, Mapping, Sequence
 
 from . import slots as slot_division
 from .config import Config, ServiceConfig, normalize_host
@@ -70,17 +70,20 @@ class Topology:
             raise UnknownHost()
         return service  # type: ignore[return-value]
 
-    def apply(self, config: Config, now: float) -> None:
-        """Make the running state follow ``config``; keeps every tracker and waiter."""
+    def apply(self, config: Config, now: float, only: Collection[str] | None = None) -> None:
+        """Make the running state follow ``config``; keeps every tracker and waiter.
+
+        ``only``: the names of the services whose configuration changed (from the diff);
+        the others are left as they are, so that a big file with a small change costs
+        little on the event loop. None: look at every service.
+        """
         self.config = config
-        self._forwards.clear()
-        self._fallbacks.clear()
         for name, service_config in config.services.items():
+            if only is not None and name not in only and name in self.services:
+                continue
             owned, forward, fallback = self._division(service_config)
-            if forward is not None:
-                self._forwards[name] = forward
-            if fallback is not None:
-                self._fallbacks[name] = fallback
+            _set_or_drop(self._forwards, name, forward)
+            _set_or_drop(self._fallbacks, name, fallback)
             throttler = self.services.get(name)
             if throttler is None:
                 self.services[name] = ServiceThrottler(
@@ -92,6 +95,8 @@ class Topology:
                     throttler.redirect_waiters()
         for name, throttler in list(self.services.items()):
             if name not in config.services:
+                self._forwards.pop(name, None)
+                self._fallbacks.pop(name, None)
                 retired = ServiceConfig(name=name, hosts=(), container_concurrency=throttler.config.container_concurrency)
                 throttler.apply(retired, now, {})
         self._by_host = {}
@@ -196,3 +201,10 @@ def _forward_choice(division: Mapping[str, Mapping[str, int]], me: str) -> str |
     stably."""
     owners = [peer for peer, owned in division.items() if owned and peer != me]
     return max(owners, key=lambda peer: slot_division.score(peer, me)) if owners else None
+
+
+def _set_or_drop(table: dict[str, Forward], name: str, value: Forward | None) -> None:
+    if value is None:
+        table.pop(name, None)
+    else:
+        table[name] = value

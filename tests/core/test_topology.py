@@ -297,3 +297,18 @@ def test_route_cache_follows_reloads() -> None:
     t.apply(config(WEB), 1.0)
     with pytest.raises(UnknownHost):
         t.route("API.example.com:80")
+
+
+def test_apply_only_the_changed_services_leaves_the_others_alone() -> None:
+    old = config(service("a", ("a.x",), "10.0.0.1:80"), service("b", ("b.x",), "10.0.0.2:80"))
+    t = topo(old)
+    untouched = t.services["b"].config
+    new = config(service("a", ("a.x",), "10.0.0.3:80", "10.0.0.1:80"),
+                 service("b", ("b.x",), "10.0.0.2:80", "10.0.0.9:80"))
+    t.apply(new, 1.0, only={"a"})
+    assert set(t.services["a"].trackers) == {"10.0.0.1:80", "10.0.0.3:80"}
+    assert t.services["a"].trackers["10.0.0.3:80"].rank == 0  # a reorder is a change too
+    assert t.services["b"].config is untouched and set(t.services["b"].trackers) == {"10.0.0.2:80"}
+    t.apply(new, 2.0)  # None: every service
+    assert set(t.services["b"].trackers) == {"10.0.0.2:80", "10.0.0.9:80"}
+    t.check_invariants()
