@@ -10,7 +10,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 from harness import Activator, Pod, StatsdReceiver, request, stream
+
+pytestmark = pytest.mark.binary
 
 HOST = "api.test"
 
