@@ -16,7 +16,9 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from activator.core.config import PodConfig, ProbeConfig, ServiceConfig
+from builders import pod, svc
+
+from activator.core.config import ProbeConfig, ServiceConfig
 from activator.core.errors import QueueFull
 from activator.core.states import PodEvent, PodState
 from activator.core.throttler import Grant, InvariantViolation, ServiceThrottler, Transition, Waiter
@@ -24,21 +26,6 @@ from activator.core.throttler import Grant, InvariantViolation, ServiceThrottler
 HEALTHY, PENDING, DRAINING, REMOVED = PodState.HEALTHY, PodState.PENDING, PodState.DRAINING, PodState.REMOVED
 
 A, B, C, D, E = (f"10.0.0.{i}:8000" for i in range(1, 6))
-
-
-def pod(address: str, drain: bool = False) -> PodConfig:
-    host, port = address.rsplit(":", 1)
-    return PodConfig(address=address, host=host, port=int(port), drain=drain)
-
-
-def svc(*pods: str | PodConfig, cc: int = 1, **kw: Any) -> ServiceConfig:
-    return ServiceConfig(
-        name="api",
-        hosts=("api.example.com",),
-        container_concurrency=cc,
-        pods=tuple(p if isinstance(p, PodConfig) else pod(p) for p in pods),
-        **kw,
-    )
 
 
 PROBE = ProbeConfig(healthy_after=1, unhealthy_after=3)

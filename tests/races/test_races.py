@@ -18,7 +18,9 @@ import pytest
 from gevent.event import Event
 
 from activator import client, gate
-from activator.core.config import Config, PodConfig, ProbeConfig, ServiceConfig
+from builders import pod, svc
+
+from activator.core.config import Config, ProbeConfig
 from activator.core.errors import QueueFull, QueueTimeout
 from activator.core.states import PodState
 from activator.core.throttler import Grant, ServiceThrottler
@@ -26,21 +28,6 @@ from activator.core.topology import Topology
 
 A, B, C = "10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"
 BOUND = 10.0  # seconds: only to turn a hang into a failure
-
-
-def pod(address: str, drain: bool = False) -> PodConfig:
-    host, port = address.rsplit(":", 1)
-    return PodConfig(address=address, host=host, port=int(port), drain=drain)
-
-
-def svc(*pods: str | PodConfig, cc: int = 1, **kw: Any) -> ServiceConfig:
-    return ServiceConfig(
-        name="api",
-        hosts=("api",),
-        container_concurrency=cc,
-        pods=tuple(p if isinstance(p, PodConfig) else pod(p) for p in pods),
-        **kw,
-    )
 
 
 def now() -> float:
@@ -226,7 +213,7 @@ def test_listing_flaps_under_load_never_exceed_cc(seed: int) -> None:
     probe = ProbeConfig(healthy_after=1, unhealthy_after=1)
     base = Config(path="races.yaml", services={"api": svc(A, B, C, cc=cc, probe=probe, queue_depth=1000)})
     topo = Topology(base, now(), rng=random.Random(seed))
-    t = topo.route("api")
+    t = topo.route("api.example.com")
     for address in (A, B, C):
         t.probe_result(address, True, now())
     pods = Pods()
@@ -269,7 +256,7 @@ def test_listing_flaps_under_load_never_exceed_cc(seed: int) -> None:
     assert max(pods.peak.values()) <= cc
     assert all(r.outcome == "done" for r in reqs)
     assert_all_zero(t)
-    assert topo.route("api") is t
+    assert topo.route("api.example.com") is t
 
 
 # -- shrink capacity below in-flight ------------------------------------------------
