@@ -14,12 +14,12 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 import gevent
-from gevent.pywsgi import WSGIServer
 
 from .configfile import load_config
 from .core.config import Address
 from .core.errors import ConfigError
-from .server import Runtime, listen_socket, setup_logging
+from .engine import HttpServer, Limits
+from .server import Runtime, listen_on, setup_logging
 
 
 def demo_config_path() -> Path:
@@ -72,7 +72,7 @@ def run_demo(delay: float = 1.0) -> int:
     try:
         for service in config.services.values():
             for pod in service.pods:
-                server = WSGIServer(listen_socket(Address(pod.host, pod.port)), DemoPod(pod.address, delay), log=None)
+                server = HttpServer(listen_on(Address(pod.host, pod.port)), DemoPod(pod.address, delay), Limits())
                 server.start()
                 pods.append(server)
         runtime = Runtime(config)

@@ -23,9 +23,9 @@ class RequestRecord:
     """One request's facts, filled in as it goes (times are monotonic seconds)."""
 
     __slots__ = ("start", "end", "client", "method", "target", "service", "pod", "status", "reason",
-                 "queue_wait", "upstream_start", "bytes_out", "complete", "relayed")
+                 "queue_wait", "upstream_start", "bytes_out", "relayed")
 
-    def __init__(self, start: float, client: str, method: str, target: str) -> None:
+    def __init__(self, start: float, client: str, method: str, target: bytes) -> None:
         self.start = start
         self.end = start
         self.client = client
@@ -38,7 +38,6 @@ class RequestRecord:
         self.queue_wait: float | None = None
         self.upstream_start: float | None = None
         self.bytes_out = 0
-        self.complete = False
         # Passed to a sibling worker, which counts it itself (metrics skip it here).
         self.relayed = False
 
@@ -50,7 +49,7 @@ class RequestRecord:
         stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(wall_clock))
         return (f"{stamp}Z {self.client} {self.service} {self.pod} {self.status} {self.reason} "
                 f"Tw={ms(self.queue_wait)} Tr={ms(upstream)} Tt={ms(self.end - self.start)} "
-                f"bytes={self.bytes_out} \"{self.method} {self.target}\"")
+                f"bytes={self.bytes_out} \"{self.method} {self.target.decode('latin-1')}\"")
 
 
 class MetricsSink(Protocol):

@@ -29,14 +29,15 @@ import gevent
 
 from .core.config import ProbeConfig
 from .core.errors import ActivatorError, UpstreamConnectError
+from .core.http import BodyFraming
 from .core.states import PodState
 from .core.topology import Topology
-from .upstream import UpstreamPool
+from .upstream import Timeouts, UpstreamBodyError, UpstreamPool
 
 log = logging.getLogger("activator")
 
 PROBED_STATES = (PodState.PENDING, PodState.HEALTHY)
-PROBE_HEADERS = [("user-agent", "activator-probe"), ("accept", "*/*")]
+PROBE_HEADERS = b"User-Agent: activator-probe\r\nAccept: */*\r\n"
 
 
 class Prober:
@@ -95,13 +96,13 @@ class Prober:
 
 def probe_once(pool: UpstreamPool, address: str, probe: ProbeConfig) -> tuple[bool, str]:
     """One probe: (passed, why not)."""
-    headers = [("host", address), *PROBE_HEADERS]
+    headers = b"Host: %s\r\n%s" % (address.encode(), PROBE_HEADERS)
+    timeouts = Timeouts(probe.timeout, probe.timeout, total=probe.timeout)
     try:
         with gevent.Timeout(probe.timeout * 2 + 1):  # backstop; the pool enforces the real timeouts
-            response = pool.request("GET", probe.path, headers, None, 0,
-                                    connect_timeout=probe.timeout, request_timeout=probe.timeout)
+            response = pool.request("GET", probe.path.encode(), headers, None, BodyFraming.NONE, None, timeouts)
             try:
-                for _ in response.chunks():
+                for _ in response.body():
                     pass
             finally:
                 response.close()
@@ -109,7 +110,7 @@ def probe_once(pool: UpstreamPool, address: str, probe: ProbeConfig) -> tuple[bo
         return False, f"connect: {error}"
     except (ActivatorError, gevent.Timeout) as error:
         return False, f"timeout or error: {error}"
-    except Exception as error:  # a body cut short, a reset: the pod is not well
+    except UpstreamBodyError as error:  # a body cut short, a reset: the pod is not well
         return False, f"error: {error!r}"
     if 200 <= response.status < 400:
         return True, ""

@@ -1,50 +1,63 @@
-"""The proxy: a Falcon sink that routes by Host, waits for a slot, streams to a pod.
+"""The proxy: a Falcon sink that routes by Host, waits for a slot, and relays a pod's answer.
 
-What this module decides, for one request:
+What this module decides, for one request (an ``http1.H1Exchange`` the engine hands over
+in the environ; the sink writes the response there itself, so that the pod's answer
+reaches the client unchanged: 1xx first, every header line in its order, trailers):
 
 - which service (``Topology.route``), then a slot via ``gate.acquire`` (FIFO,
   ``queue_timeout``), then the exchange with the pod through its keep-alive pool;
-- what is forwarded: method, target, end-to-end headers (hop-by-hop ones and those
-  named in ``Connection`` dropped), the original Host, and ``X-Forwarded-For`` /
-  ``-Proto`` / ``-Host``; the body streams from the client (``wsgi.input``; pywsgi
-  de-chunks chunked uploads) and the response body streams back chunk by chunk;
-- a connection that could not be established (nothing sent yet) is retried once,
-  on another pod when one is free;
-- the slot is held until the response body has been delivered to the client (or
-  the client went away) and released exactly once, by ``ProxiedBody.close`` (the
-  WSGI server always calls it) or, when no response started, in ``handle``;
-- activator's own answers come from ``ActivatorError`` subclasses, rendered by
-  ``render_error`` (status, ``X-Activator-Reason``, ``Retry-After``).
+- what is forwarded: method, target, the end-to-end header lines in order, the original
+  Host, ``X-Forwarded-For`` / ``-Proto`` / ``-Host`` (``core.http.pod_request_headers``);
+  the body streams from the client with the client's framing, and the response streams
+  back as it comes (``core.http.client_framing``);
+- a connection that could not be established (nothing sent yet) is retried once, on
+  another pod when one is free;
+- a pod that answers before it read the whole upload has its answer relayed (and the
+  client connection closed after it): that is an answer, not a transport failure;
+- **one owner per request**: the ``Lease`` holds the slot from grant to the end and gives
+  it back exactly once, on every path (served, pod error, timeout, client gone, body cut,
+  redirect, shutdown); activator's own answers all go through ``H1Exchange.answer``
+  (``core.http.own_answer``); any other exception is a bug, logged once with its
+  traceback and answered 500 ``internal-error``;
+- what is recorded (``observe.RequestRecord``): the status the client got, 499
+  ``client-gone`` when it left before the last byte, the body bytes actually sent.
 """
 
 from __future__ import annotations
 
+import logging
 import time
-from collections.abc import Iterator
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import falcon
 
-from . import client, gate
+from . import gate, hangup
+from .core import http
+from .core.config import ServiceConfig
 from .core.errors import (
     ActivatorError,
-    NotOriginForm,
+    ClientGone,
+    InternalError,
     QueueTimeout,
     ShuttingDown,
     UpstreamConnectError,
     UpstreamTimeout,
 )
-from .core.config import ServiceConfig
+from .core.http import BodyFraming
 from .core.throttler import Grant, ServiceThrottler
-from .handler import CLIENT_SOCKET
 from .core.topology import Forward, Topology
+from .engine import EXCHANGE
+from .http1 import H1Exchange
 from .observe import Observer, RequestRecord
-from .upstream import UpstreamBodyError, UpstreamBodyTimeout, UpstreamPool, UpstreamResponse
+from .upstream import PodConnection, Timeouts, UpstreamBodyError, UpstreamPool
 
-#: Marks a forwarded request with its hops, e.g. "peer vm-a" or "peer vm-a, worker 1".
-FORWARDED_HEADER = "x-activator-forwarded"
-FORWARDED_ENV = "HTTP_X_ACTIVATOR_FORWARDED"
+log = logging.getLogger("activator")
 
+#: A request older than this, when its pod's answer comes, first checks that its client is
+#: still there (one poll): a quick exchange skips the syscall, and a client that left
+#: during one shows as a failed write instead.
+HANGUP_CHECK_AFTER = 0.005
 
 #: Peer hops a request may take: the second only happens while activators disagree
 #: about who owns a service's slots (one applied a new file, the other not yet).
@@ -54,10 +67,10 @@ MAX_PEER_HOPS = 2
 def may_forward(marker: str | None, kind: str) -> bool:
     """Whether a request whose hops so far are ``marker`` may go on to a ``kind``.
 
-    A request goes to an owner of the service's slots in one hop. While two
-    activators' files differ, the peer it was sent to may no longer own a slot and
-    know the new owner: a second peer hop is allowed, never a third, so a
-    disagreement cannot loop. A request from a sibling worker goes nowhere else.
+    A request goes to an owner of the service's slots in one hop. While two activators'
+    files differ, the peer it was sent to may no longer own a slot and know the new
+    owner: a second peer hop is allowed, never a third, so a disagreement cannot loop. A
+    request from a sibling worker goes nowhere else.
     """
     hops = [hop.split()[0] for hop in marker.split(",") if hop.strip()] if marker else []
     if "worker" in hops:
@@ -65,252 +78,208 @@ def may_forward(marker: str | None, kind: str) -> bool:
     return kind == "worker" or hops.count("peer") < MAX_PEER_HOPS
 
 
-# Request headers never forwarded (RFC 9110 7.6.1), plus Expect: pywsgi already
-# answered "100 Continue" to the client, and the pod gets the body with its length.
-HOP_BY_HOP = frozenset((
-    "connection", "keep-alive", "proxy-authenticate", "proxy-authorization",
-    "proxy-connection", "te", "trailer", "trailers", "transfer-encoding", "upgrade",
-    "expect", "content-length", "host",
-))
+class Lease:
+    """The one owner of a request's slot: ``release`` gives it back exactly once."""
 
+    __slots__ = ("throttler", "grant")
 
-# Statuses for which Falcon sends no body (and never iterates nor closes resp.stream).
-BODILESS_STATUSES = frozenset((100, 101, 204, 304))
+    def __init__(self, throttler: ServiceThrottler, grant: Grant) -> None:
+        self.throttler = throttler
+        self.grant: Grant | None = grant
 
+    @property
+    def pod(self) -> str:
+        assert self.grant is not None
+        return self.grant.pod.address
 
-def forwarded_headers(env: dict[str, Any]) -> list[tuple[str, str]]:
-    """The end-to-end request headers to send to the pod, in arrival order."""
-    connection_tokens = {t.strip().lower() for t in env.get("HTTP_CONNECTION", "").split(",") if t.strip()}
-    headers: list[tuple[str, str]] = []
-    forwarded_for = None
-    for key, value in env.items():
-        if not key.startswith("HTTP_"):
-            continue
-        name = key[5:].replace("_", "-").lower()
-        if name in HOP_BY_HOP or name in connection_tokens:
-            continue
-        if name == "x-forwarded-for":
-            forwarded_for = value
-            continue
-        if name in ("x-forwarded-proto", "x-forwarded-host", FORWARDED_HEADER):
-            continue
-        headers.append((name, value))
-    content_type = env.get("CONTENT_TYPE")
-    if content_type:
-        headers.append(("content-type", content_type))
-    client = env.get("REMOTE_ADDR", "")
-    host = env.get("HTTP_HOST", "")
-    headers.append(("host", host))
-    headers.append(("x-forwarded-for", f"{forwarded_for}, {client}" if forwarded_for else client))
-    headers.append(("x-forwarded-proto", env.get("wsgi.url_scheme", "http")))
-    headers.append(("x-forwarded-host", host))
-    return headers
+    def retry(self, timeout: float, client: H1Exchange) -> None:
+        """Trade the slot of a failed connect for one on another pod (gate.acquire_retry)."""
+        failed, self.grant = self.grant, None
+        assert failed is not None
+        self.grant = gate.acquire_retry(self.throttler, failed, timeout, client)
 
-
-def request_body(env: dict[str, Any]) -> tuple[Any, int | None]:
-    """(body, length) for the upstream request, framed as the client framed it:
-    a length, chunked (body, None), or no body and no framing header (None, None)."""
-    length = env.get("CONTENT_LENGTH")
-    if length:
-        n = int(length)
-        return (env["wsgi.input"], n) if n else (None, 0)
-    if "HTTP_TRANSFER_ENCODING" in env:  # the handler let only "chunked" through
-        return env["wsgi.input"], None
-    return None, None
-
-
-def render_error(resp: falcon.Response, error: ActivatorError) -> None:
-    """Activator's own answer: the one place that maps errors to responses."""
-    resp.status = error.status
-    resp.set_header("X-Activator-Reason", error.reason)
-    if error.retry_after is not None:
-        resp.set_header("Retry-After", str(error.retry_after))
-    resp.content_type = "text/plain; charset=utf-8"
-    resp.text = f"{error.status} {error.reason}\n"
-
-
-class ProxiedBody:
-    """The response body iterable: streams the pod's answer, then releases the slot.
-
-    ``close()`` is called by the WSGI server in every case (fully sent, client gone,
-    write error); it closes the upstream response (reused only if fully read) and
-    releases the grant exactly once.
-    """
-
-    __slots__ = ("_proxy", "_throttler", "_grant", "_response", "_record", "_closed")
-
-    def __init__(self, proxy: Proxy, throttler: ServiceThrottler, grant: Grant | None,
-                 response: UpstreamResponse, record: RequestRecord) -> None:
-        self._proxy = proxy
-        self._throttler = throttler
-        self._grant = grant
-        self._response = response
-        self._record = record
-        self._closed = False
-
-    def __iter__(self) -> Iterator[bytes]:
-        record = self._record
-        try:
-            for chunk in self._response.chunks():
-                record.bytes_out += len(chunk)
-                yield chunk
-        except UpstreamBodyError as exc:
-            # Head already sent: the only honest signal left is cutting the connection.
-            record.reason = "upstream-body-cut"
-            if self._grant is not None:
-                kind = "timeouts" if isinstance(exc, UpstreamBodyTimeout) else "resets"
-                self._throttler.record_failure(self._grant, kind, time.monotonic())
-            raise
-        record.complete = True
-
-    def close(self) -> None:
-        if self._closed:
+    def record(self, kind: str | None) -> None:
+        """The pod answered (``None``) or failed with a transport failure of this kind."""
+        grant = self.grant
+        if grant is None:
             return
-        self._closed = True
-        try:
-            self._response.close()
-        finally:
-            self._proxy.finish(self._throttler, self._grant, self._record)
+        if kind is None:
+            self.throttler.record_success(grant)
+        else:
+            self.throttler.record_failure(grant, kind, time.monotonic())
+
+    def release(self) -> None:
+        grant, self.grant = self.grant, None
+        if grant is not None:
+            self.throttler.release(grant, time.monotonic())
 
 
 class Proxy:
     """The Falcon sink. One instance per process; the topology is swapped under it."""
 
     def __init__(self, topology: Topology, observer: Observer, pools: Callable[[str], UpstreamPool],
-                 self_name: str = "") -> None:
+                 self_name: str = "", client_timeout: float = 60.0) -> None:
         self.topology = topology
         self.self_name = self_name
         self.observer = observer
+        self.client_timeout = client_timeout
         self._pool_for = pools
         self.stopping = False
         #: Requests inside the proxy right now (queued or proxied); 0 means drained.
         self.active = 0
+        self._timeouts_cache: dict[tuple[int, bool], tuple[ServiceConfig, Timeouts]] = {}
 
     def __call__(self, req: falcon.Request, resp: falcon.Response, **_: Any) -> None:
-        env = req.env
-        record = RequestRecord(start=time.monotonic(), client=env.get("REMOTE_ADDR", "-"),
-                               method=env["REQUEST_METHOD"], target=env.get("RAW_URI", "/"))
+        exchange: H1Exchange = req.env[EXCHANGE]
+        record = RequestRecord(time.monotonic(), exchange.client_ip, exchange.method, exchange.target)
         self.active += 1
-        body_owner = False
         try:
-            if not (record.target.startswith("/") or (record.target == "*" and record.method == "OPTIONS")):
-                raise NotOriginForm()
-            throttler = self.topology.route(env.get("HTTP_HOST", ""))
-            record.service = throttler.name
-            self.observer.request_started(throttler.name)
-            if self.stopping:
-                raise ShuttingDown()
-            response, grant = self._obtain_response(env, throttler, record)
-            body_owner = self._pass_on(env, resp, throttler, grant, response, record)
+            self._serve(exchange, record)
         except ActivatorError as error:
-            record.status = error.status
-            record.reason = error.reason
-            render_error(resp, error)
+            self._answer(exchange, error, record)
+        except Exception:
+            log.exception("internal error proxying %s %r", exchange.method, exchange.target[:200])
+            self._answer(exchange, InternalError(), record)
         finally:
-            if self.stopping:
-                resp.set_header("Connection", "close")  # draining: no more requests on this connection
-            if not body_owner:
-                self.active -= 1
-                record.end = time.monotonic()
-                self.observer.request_done(record)
+            self.active -= 1
+            record.end = time.monotonic()
+            record.bytes_out = exchange.bytes_sent
+            if exchange.conn.cut and not exchange.finished:
+                record.status, record.reason = 499, "client-gone"
+            elif record.status == 0:
+                record.status = exchange.status
+            self.observer.request_done(record)
 
-    def _pass_on(self, env: dict[str, Any], resp: falcon.Response, throttler: ServiceThrottler,
-                 grant: Grant | None, response: UpstreamResponse, record: RequestRecord) -> bool:
-        """Hand the pod's response to the client; True when a ProxiedBody now owns the slot."""
-        if client.hung_up(env.get(CLIENT_SOCKET)):
-            # Nobody will read it: drop the pod connection rather than reuse it half-read.
-            response.abort()
-            if grant is not None:
-                throttler.release(grant, time.monotonic())
-            raise client.ClientGone()
-        record.status = response.status
-        resp.status = f"{response.status} {response.reason}" if response.reason else response.status
-        for name, value in response.headers:
-            resp.append_header(name, value)
-        if response.content_length is not None:
-            resp.content_length = response.content_length
-        if record.method == "HEAD" or response.status in BODILESS_STATUSES:
-            # Falcon drops resp.stream for these without closing it, so a ProxiedBody
-            # would never release its slot: finish here instead.
-            response.close()
-            record.complete = True
-            if grant is not None:
-                throttler.release(grant, time.monotonic())
-            return False
-        resp.stream = ProxiedBody(self, throttler, grant, response, record)
-        return True
+    @staticmethod
+    def _answer(exchange: H1Exchange, error: ActivatorError, record: RequestRecord) -> None:
+        if isinstance(error, ClientGone):
+            record.status, record.reason = 499, error.reason
+            exchange.cut()
+            return
+        if not exchange.started:
+            record.status, record.reason = error.status, error.reason
+        try:
+            exchange.answer(error)
+        except ClientGone:
+            record.status, record.reason = 499, "client-gone"
 
-    def _obtain_response(self, env: dict[str, Any], throttler: ServiceThrottler,
-                         record: RequestRecord) -> tuple[UpstreamResponse, Grant | None]:
-        """The response for this request and the grant it holds (None when forwarded).
-
-        Waits for a slot here, unless this process owns none of the service's slots:
-        then (or when they move away while it waits) it forwards to a process that does.
-        """
+    def _serve(self, exchange: H1Exchange, record: RequestRecord) -> None:
+        throttler = self.topology.route(exchange.host)
+        record.service = throttler.name
+        if self.stopping:
+            raise ShuttingDown()
         config = throttler.config
-        marker = env.get(FORWARDED_ENV)
+        marker = self._marker(exchange)
         # Built before waiting, so that a handed-over slot is put to use at once.
-        headers = forwarded_headers(env)
+        header_block = http.pod_request_headers(
+            exchange.headers, exchange.lower_names, exchange.client_ip.encode(), exchange.scheme.encode(),
+            exchange.host.encode("latin-1"), http.connection_tokens(exchange.connection_values),
+        )
         target = self.topology.forward_target(throttler.name)
         if target is None or not may_forward(marker, target.kind):
             try:
-                grant = gate.acquire(throttler, config.queue_timeout, env.get(CLIENT_SOCKET))
+                grant = gate.acquire(throttler, config.queue_timeout, exchange)
             except gate.Redirected:
                 target = self.topology.forward_target(throttler.name)
                 if target is None or not may_forward(marker, target.kind):
                     raise QueueTimeout() from None
             else:
                 record.queue_wait = time.monotonic() - record.start
-                response, grant = self._exchange(env, headers, throttler, grant, record)
-                record.pod = grant.pod.address
-                return response, grant
-        return self._forward(env, headers, target, config, record), None
+                lease = Lease(throttler, grant)
+                try:
+                    response = self._send_to_pod(exchange, header_block, config, lease, record)
+                    self._relay(exchange, response, record, lease)
+                finally:
+                    lease.release()
+                return
+        self._forward(exchange, header_block, marker, target, config, record)
 
-    def _exchange(self, env: dict[str, Any], headers: list[tuple[str, str]], throttler: ServiceThrottler,
-                  grant: Grant, record: RequestRecord) -> tuple[UpstreamResponse, Grant]:
-        """Send the request to the granted pod (retrying a failed connect once).
+    @staticmethod
+    def _marker(exchange: H1Exchange) -> str | None:
+        values = exchange.forwarded
+        return b", ".join(values).decode("latin-1") if values else None
 
-        Returns the response and the grant it runs on; on error the grant is released
-        and the ActivatorError propagates.
-        """
-        config = throttler.config
-        body, length = request_body(env)
-        attempts = 2
+    def _timeouts(self, config: ServiceConfig, forwarding: bool = False) -> Timeouts:
+        """The pod timeouts of a service (made once per configuration and reused)."""
+        key = (id(config), forwarding)
+        cached = self._timeouts_cache.get(key)
+        if cached is not None and cached[0] is config and cached[1].client == self.client_timeout:
+            return cached[1]
+        extra = config.queue_timeout if forwarding else 0.0
+        timeouts = Timeouts(config.connect_timeout, config.request_timeout + extra, None,
+                            config.request_timeout + extra, self.client_timeout)
+        if len(self._timeouts_cache) > 1024:
+            self._timeouts_cache.clear()
+        self._timeouts_cache[key] = (config, timeouts)
+        return timeouts
+
+    def _send_to_pod(self, exchange: H1Exchange, header_block: bytes, config: ServiceConfig, lease: Lease,
+                     record: RequestRecord) -> PodConnection:
+        """The pod's answer head (retrying a failed connect once, on another pod if one is free)."""
+        waited = lease.grant is not None and lease.grant.queued
+        retries = 1
+        timeouts = self._timeouts(config)
         while True:
-            attempts -= 1
-            pod = grant.pod
-            if grant.queued and client.hung_up(env.get(CLIENT_SOCKET)):
+            record.pod = lease.pod
+            if waited and hangup.hung_up(exchange.conn.sock):
                 # It waited: did its client leave at the very moment the slot came?
-                throttler.release(grant, time.monotonic())
-                raise client.ClientGone()
+                raise ClientGone("the client hung up as its slot came")
             sent_at = time.monotonic()
             try:
-                response = self._pool_for(pod.address).request(
-                    env["REQUEST_METHOD"], record.target, headers, body, length,
-                    connect_timeout=config.connect_timeout, request_timeout=config.request_timeout,
+                response = self._pool_for(lease.pod).request(
+                    exchange.method, exchange.target, header_block, exchange, exchange.framing,
+                    exchange.content_length, timeouts, exchange.interim,
                 )
             except UpstreamConnectError as error:
-                record.pod = pod.address
-                throttler.record_failure(grant, "connect_errors", time.monotonic())
-                if attempts and getattr(error, "retriable", False) and not self.stopping:
-                    grant = gate.acquire_retry(throttler, grant, config.queue_timeout, env.get(CLIENT_SOCKET))
+                lease.record(getattr(error, "kind", "connect_errors"))
+                if retries and getattr(error, "retriable", False) and not self.stopping:
+                    retries -= 1
+                    lease.retry(config.queue_timeout, exchange)
+                    waited = True
                     continue
-                throttler.release(grant, time.monotonic())
                 raise
             except UpstreamTimeout:
-                record.pod = pod.address
-                throttler.record_failure(grant, "timeouts", time.monotonic())
-                throttler.release(grant, time.monotonic())
+                lease.record("timeouts")
                 raise
-            except BaseException:
-                throttler.release(grant, time.monotonic())
-                raise
-            throttler.record_success(grant)
+            lease.record(None)
             record.upstream_start = sent_at
-            return response, grant
+            return response
 
-    def _forward(self, env: dict[str, Any], headers: list[tuple[str, str]], target: Forward,
-                 config: ServiceConfig, record: RequestRecord) -> UpstreamResponse:
+    def _relay(self, exchange: H1Exchange, response: PodConnection, record: RequestRecord,
+               lease: Lease | None) -> None:
+        """Stream the pod's answer to the client; the pod connection is closed or pooled."""
+        try:
+            if time.monotonic() - record.start > HANGUP_CHECK_AFTER and hangup.hung_up(exchange.conn.sock):
+                # Nobody will read it: drop the pod connection rather than pool it.
+                response.abort()
+                raise ClientGone("the client hung up while the pod worked")
+            status = response.status
+            framing = http.client_framing(exchange.method, status, response.framing, exchange.version)
+            keep_length = exchange.method == "HEAD" or status == 304
+            lines = http.response_head_lines(response.headers, response.lower_names, framing,
+                                             http.connection_tokens(response.connection_values),
+                                             keep_length=keep_length)
+            exchange.start(status, response.reason, lines, framing, close=response.early)
+            try:
+                if response.complete:  # the whole answer came with its head (the usual small one)
+                    exchange.write(response.take_body())
+                else:
+                    for piece in response.body():
+                        exchange.write(piece)
+            except UpstreamBodyError as error:
+                # The head is out: the only honest signal left is cutting the connection.
+                record.reason = "upstream-body-cut"
+                if lease is not None:
+                    lease.record(error.kind)
+                exchange.cut()
+                return
+            trailers = http.trailer_lines(response.trailers) if framing is BodyFraming.CHUNKED else ()
+            exchange.finish(trailers)
+        finally:
+            response.close()
+
+    def _forward(self, exchange: H1Exchange, header_block: bytes, marker: str | None, target: Forward,
+                 config: ServiceConfig, record: RequestRecord) -> None:
         """Hand the request to a peer activator, or a sibling worker, that owns slots.
 
         The receiver queues it like its own; the marker header keeps it from going on.
@@ -318,30 +287,18 @@ class Proxy:
         record.pod = f"{target.kind}:{target.address}"
         record.relayed = target.kind == "worker"
         hop = f"{target.kind} {self.self_name if target.kind == 'peer' else self.topology.worker_index}"
-        marker = env.get(FORWARDED_ENV)
-        headers = [*headers, (FORWARDED_HEADER, f"{marker}, {hop}" if marker else hop)]
-        body, length = request_body(env)
-        return self._pool_for(target.address).request(
-            env["REQUEST_METHOD"], record.target, headers, body, length,
-            connect_timeout=config.connect_timeout,
-            request_timeout=config.queue_timeout + config.request_timeout,
+        header_block += b"X-Activator-Forwarded: %s\r\n" % (f"{marker}, {hop}" if marker else hop).encode()
+        response = self._pool_for(target.address).request(
+            exchange.method, exchange.target, header_block, exchange, exchange.framing, exchange.content_length,
+            self._timeouts(config, forwarding=True), exchange.interim,
         )
-
-    def finish(self, throttler: ServiceThrottler, grant: Grant | None, record: RequestRecord) -> None:
-        """End of a proxied response (called once, from ProxiedBody.close)."""
-        if grant is not None:
-            throttler.release(grant, time.monotonic())
-        self.active -= 1
-        record.end = time.monotonic()
-        self.observer.request_done(record)
+        self._relay(exchange, response, record, None)
 
 
 def make_app(proxy: Proxy) -> falcon.App:
     """The WSGI app for the proxy port: every path goes to the sink."""
     app = falcon.App(media_type=None)
     app.req_options.strip_url_path_trailing_slash = False
-    # prefix "" (matches any path), not "/": an absolute-form target such as
-    # "GET http://elsewhere/" must reach the sink to be refused with 400, not get
-    # Falcon's own 404.
+    # prefix "" (matches any path), not "/": every target reaches the sink.
     app.add_sink(proxy, prefix="")
     return app

@@ -2,9 +2,9 @@
 
 What this module decides:
 
-- Listeners: sockets created here with TCP_NODELAY (without it pywsgi stalls ~40 ms
-  per keep-alive response) and SO_REUSEADDR. Client connections over
-  ``limits.max_connections`` are answered 503 ``too-many-connections`` and closed.
+- Listeners: made by ``sockets.listen_socket`` (TCP_NODELAY, SO_REUSEADDR) and served
+  by the HTTP engine (``engine.HttpServer``): the proxy port, a worker's private port,
+  and the admin port.
 - One writer of topology: config reloads, the periodic tick (drain timeouts, idle
   pools) and probe results are applied from greenlets that never yield while they
   change state; requests only acquire and release.
@@ -32,9 +32,7 @@ from typing import Any
 
 import gevent
 import gevent.lock
-import gevent.pool
 from gevent.event import Event
-from gevent.pywsgi import WSGIServer
 
 from . import __version__
 from .admin import make_admin_app
@@ -45,8 +43,9 @@ from .core.topology import Topology
 from .metrics import make_metrics
 from .observe import Observer
 from .prober import Prober
-from .handler import handler_for, refusal_bytes
+from .engine import HttpServer, Limits
 from .proxy import Proxy, make_app
+from .sockets import listen_socket
 from .systemd import Notifier, run_watchdog
 from .upstream import UpstreamPool
 from .watcher import FileWatcher
@@ -63,64 +62,14 @@ DUPLICATE_SIGNAL_SECONDS = 1.0
 RELOAD_SWITCH_INTERVAL = 0.0005
 
 
-class ProxyServer(WSGIServer):
-    """pywsgi's server, answering connections over ``max_connections`` with 503 at once.
-
-    A full pool would otherwise stop accepting and leave new clients hanging in the
-    kernel's backlog; an immediate refusal is what a client (or its balancer) can act on.
-    """
-
-    def __init__(self, *args: Any, max_connections: int, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.max_connections = max_connections
-        self.connections = 0
-
-    def handle(self, sock: Any, address: Any) -> None:
-        if self.connections >= self.max_connections:
-            refuse(sock, refusal_bytes(503, "too-many-connections"))
-            return
-        self.connections += 1
-        try:
-            super().handle(sock, address)
-        finally:
-            self.connections -= 1
+def listen_on(address: Address) -> socket.socket:
+    """A listener for a configured address (``sockets.listen_socket``)."""
+    return listen_socket(address.host, address.port)
 
 
-def refuse(sock: Any, answer: bytes, linger: float = 1.0) -> None:
-    """Answer and close without losing the answer.
-
-    Closing with the client's request unread makes the kernel send a reset, which can
-    overtake the answer; so: answer, shut our side, read (and drop) what the client
-    sends for up to ``linger`` seconds or 64 KiB, then close.
-    """
-    try:
-        sock.sendall(answer)
-        sock.shutdown(socket.SHUT_WR)
-        sock.settimeout(linger)
-        drained = 0
-        while drained < 65536:
-            data = sock.recv(16384)
-            if not data:
-                break
-            drained += len(data)
-    except OSError:
-        pass
-    finally:
-        sock.close()
-
-
-def listen_socket(address: Address, *, reuse_port: bool = False, backlog: int = 1024) -> socket.socket:
-    """A listening TCP socket with TCP_NODELAY (inherited by accepted sockets on Linux)."""
-    family = socket.AF_INET6 if ":" in address.host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    if reuse_port:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    sock.bind((address.host, address.port))
-    sock.listen(backlog)
-    sock.setblocking(False)
-    return sock
+def limits_of(config: Config) -> Limits:
+    limits = config.limits
+    return Limits(limits.max_connections, limits.client_timeout, limits.max_header_bytes, limits.max_body_bytes)
 
 
 class Runtime:
@@ -144,15 +93,15 @@ class Runtime:
         self.observer.metrics = make_metrics(config.statsd, self.topology)
         self._pools: dict[str, UpstreamPool] = {}
         self.proxy = Proxy(self.topology, self.observer, self.pool_for,
-                           config.activators.self_name if config.activators else "")
+                           config.activators.self_name if config.activators else "", config.limits.client_timeout)
         self.prober = Prober(self.topology)
         self.watcher = FileWatcher(self.path, self.reload)
         self._stopped = Event()
         self._reload_lock = gevent.lock.Semaphore()
         self._greenlets: list[gevent.Greenlet] = []
-        self.server: ProxyServer | None = None
-        self.private_server: ProxyServer | None = None  # a worker's port for its siblings
-        self.admin_server: WSGIServer | None = None
+        self.server: HttpServer | None = None
+        self.private_server: HttpServer | None = None  # a worker's port for its siblings
+        self.admin_server: HttpServer | None = None
 
     # -- upstream pools ---------------------------------------------------------
 
@@ -179,19 +128,19 @@ class Runtime:
         config = self.config
         worker = self.worker
         app = make_app(self.proxy)
-        self.server = self._proxy_server(worker.public if worker else listen_socket(config.listen), app)
+        self.limits = limits_of(config)
+        self.server = HttpServer(worker.public if worker else listen_on(config.listen), app, self.limits)
         self.server.start()
         if worker is not None:
-            self.private_server = self._proxy_server(worker.private, app)
+            self.private_server = HttpServer(worker.private, app, self.limits)
             self.private_server.start()
-            self.admin_server = WSGIServer(worker.admin, make_admin_app(self), log=None, error_log=_PywsgiErrors())
+            self.admin_server = HttpServer(worker.admin, make_admin_app(self), Limits())
             self.admin_server.start()
         elif config.admin is not None:
             if config.admin.host not in ("127.0.0.1", "::1", "localhost"):
                 log.warning("admin API listens on %s, not on loopback: anyone who can reach it sees /status",
                             config.admin)
-            self.admin_server = WSGIServer(listen_socket(config.admin), make_admin_app(self), log=None,
-                                           error_log=_PywsgiErrors())
+            self.admin_server = HttpServer(listen_on(config.admin), make_admin_app(self), Limits())
             self.admin_server.start()
         self.prober.sync()
         self.observer.metrics.start()
@@ -210,11 +159,6 @@ class Runtime:
         log.info("activator %s listening on %s (%s), %d services, config %s",
                  __version__, config.listen, role, len(config.services), self.path)
         self.notifier.ready(self.summary())
-
-    def _proxy_server(self, listener: socket.socket, app: Any) -> ProxyServer:
-        limits = self.config.limits
-        return ProxyServer(listener, app, spawn=gevent.pool.Pool(), max_connections=limits.max_connections,
-                           handler_class=handler_for(limits), log=None, error_log=_PywsgiErrors())
 
     def serve_forever(self) -> int:
         self._stopped.wait()
@@ -268,10 +212,10 @@ class Runtime:
         self.config = new
         self.topology.apply(new, time.monotonic(), changed)
         self.observer.access_log = new.access_log
-        for server in (self.server, self.private_server):
-            if server is not None:
-                server.handler_class = handler_for(new.limits)
-                server.max_connections = new.limits.max_connections
+        new_limits = limits_of(new)
+        for name in Limits.__slots__:
+            setattr(self.limits, name, getattr(new_limits, name))
+        self.proxy.client_timeout = new.limits.client_timeout
         self.proxy.self_name = new.activators.self_name if new.activators else ""
         if new.statsd != old.statsd:
             self.observer.metrics.stop()
@@ -311,6 +255,9 @@ class Runtime:
         grace = self.config.grace_period
         log.info("stopping: %d requests in the proxy, grace period %ss", self.proxy.active, grace)
         self.notifier.stopping(f"draining {self.proxy.active} requests")
+        for server in (self.server, self.private_server):
+            if server is not None:
+                server.stopping = True
         if self.server is not None:
             self.server.close()
         deadline = time.monotonic() + grace
@@ -363,18 +310,6 @@ def _load_and_diff(path: str, old: Config) -> tuple[Config, ConfigDiff, set[str]
         changed = {name for name in old.services.keys() | new.services.keys()
                    if old.services.get(name) != new.services.get(name)}
     return new, diff_configs(old, new), changed
-
-
-class _PywsgiErrors:
-    """pywsgi's error log, routed to our logger at DEBUG (client resets are not news)."""
-
-    def write(self, text: str) -> None:
-        text = text.strip()
-        if text:
-            log.debug("pywsgi: %s", text)
-
-    def flush(self) -> None:
-        pass
 
 
 def _iso(timestamp: float) -> str:

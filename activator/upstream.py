@@ -1,207 +1,203 @@
-"""Upstream side of the proxy: per-pod keep-alive pools and one streamed HTTP/1.1 exchange.
+"""The pod side of the proxy: per-pod keep-alive pools and one streamed HTTP/1.1 exchange.
 
 What this module decides:
 
-Implementation
-    Our own small HTTP/1.1 client on gevent sockets. Response heads (and chunked or
-    read-until-close bodies) are parsed by geventhttpclient's C ``HTTPResponseParser``
-    (llhttp); Content-Length bodies bypass the parser and are ``recv``'d straight to the
-    caller. It was chosen over ``geventhttpclient.HTTPClient`` by measurement
-    (``bench/upstream_micro.py``): it streams without buffering (ghc's ``read(n)`` waits
-    for n bytes), never retries a streamed body behind our back, sets TCP_NODELAY and
-    sends Content-Length for file-like bodies, and does less work per request.
+Parsing
+    Responses are parsed by llhttp through httptools' ``HttpResponseParser`` (strict, no
+    lenient flags). A response to HEAD is fed to it one head at a time (llhttp would
+    otherwise read the next response's bytes as the body its Content-Length announces).
+    1xx answers (103 Early Hints, 102 Processing) are collected and handed to the caller's
+    ``interim`` callback before the final answer; ``100 Continue`` is ours to give
+    (activator answers the client's ``Expect`` itself) and is dropped. Header lines keep
+    their order and stay separate. Trailers of a chunked response are kept for the caller.
+
+Sending
+    The head and the first piece of the body go out in one write. The rest of the body
+    is streamed piece by piece, and before each piece the socket is checked: a pod that
+    answers before it has read the whole upload (413, 401, ...) gets nothing more; its
+    answer is read and returned with ``early`` set (the connection is never reused then:
+    the request was not sent whole). While the client is slow to send, we wait for the
+    client or the pod, whichever speaks first.
 
 Pooling
     One ``UpstreamPool`` per pod address. Idle connections are kept in a LIFO stack (the
-    most recently used connection is reused first, so a burst's extra connections age
-    out on the pod side), at most ``max_idle`` of them; extra ones are closed. The pool
-    never limits concurrency: the activator's slots do. ``close()`` closes the idle
-    connections; requests after it still work, but their connections are closed instead
-    of being pooled.
+    most recently used is reused first, so a burst's extra connections age out on the pod
+    side), at most ``max_idle`` of them. The pool never limits concurrency: the slots do.
 
 Reuse rules
-    A connection goes back to the pool only when the response was read to its end, the
-    response was HTTP/1.1 without ``Connection: close`` (or HTTP/1.0 with keep-alive),
-    its length was framed (Content-Length, chunked, or no body: HEAD, 1xx, 204, 304),
-    and the pod sent nothing after it. Everything else (a body not fully read, an error,
-    a read-until-close body, trailing bytes) closes the socket. Before an idle
-    connection is reused it is polled once (no wait): readable (EOF, reset or stray
-    bytes) means the pod has closed it, so it is dropped and the next one is tried.
+    A connection goes back to the pool only when the request was sent whole, the response
+    was read to its end, llhttp says the connection persists (HTTP/1.1 without
+    ``Connection: close``, or 1.0 with keep-alive), the body was framed (not delimited by
+    close), and the pod sent nothing after it. Before an idle connection is reused it is
+    polled once (no wait): readable (EOF, reset or stray bytes) means the pod closed it.
 
-Timeouts
-    ``connect_timeout`` bounds the TCP connect. ``request_timeout`` is one deadline for
-    the whole response: it starts when the last request byte was handed to the pod, and
-    both the response head and the complete body must arrive before it. A head that
-    misses it raises ``UpstreamTimeout`` (504); a body that misses it makes ``chunks()``
-    raise ``UpstreamBodyTimeout`` (the head is already out, the proxy can only cut the
-    client connection). While the request body is being sent, each write must be taken
-    by the pod within ``request_timeout`` (a pod that stops reading -> ``UpstreamTimeout``);
-    time spent waiting for a slow *client* to upload is not charged to the pod.
+Delayed ACKs
+    Every pod socket has TCP_NODELAY, and ``TCP_QUICKACK`` is re-armed before each read
+    that waits for the rest of a response already begun: a pod that writes its head and
+    its body in two small writes without TCP_NODELAY (Python's http.server, and others)
+    would otherwise wait for our delayed ACK of the head (~40 ms on a kept-alive
+    connection) before it sends the body; re-arming it sends that ACK at once. A response
+    that arrives whole in one read (the usual small one) needs no such call.
+
+Timeouts (``Timeouts``)
+    ``connect`` bounds the TCP connect. ``response_start`` runs from the moment the
+    request was sent whole to the response head. ``idle`` bounds every wait for the pod
+    mid-body (None: no limit of its own). ``total`` bounds the whole exchange from the
+    moment the request head was sent (None: no limit). While the body is being sent, each
+    write must be taken by the pod within ``response_start`` (a pod that stops reading).
+    Pod sockets have no socket timeout: waits are bounded by deadlines (``deadlines``), so
+    that no timer is started per wait.
 
 Retry rule
-    A reused idle connection that fails before any response byte (send error, EOF or
-    reset while waiting for the head) is retried exactly once on a fresh connection, if
-    everything taken from the request body so far is still in hand. The head and the
-    first body piece (<= 64 KiB) go out in one write and are kept until it is done, so
-    this covers: no body, a body that fit in that first piece, or a failure during the
-    first write (the rest of the body is then still unread). Once a second piece has
-    been read, the body is being streamed and is never replayed: a failure then is an
-    error. Failures on fresh connections are not retried here; instead
-    ``UpstreamConnectError.retriable`` tells the proxy whether it may retry on another
-    pod: True only when the connection could not be established (refused, unreachable,
-    connect timeout) and nothing was read from the request body yet.
-
-Errors
-    ``UpstreamConnectError`` (502; ``retriable`` is always set on the instance),
-    ``UpstreamBadResponse`` (502, a malformed response head), ``UpstreamTimeout`` (504),
-    ``RequestBodyError`` (the client's body failed or was short; the pod connection is
-    closed), and from ``chunks()``: ``UpstreamBodyError`` / ``UpstreamBodyTimeout``.
-
-Caller contract
-    ``headers`` are end-to-end headers only (no hop-by-hop, no Content-Length or
-    Transfer-Encoding) and include the Host header to send; names and values come from a
-    parsed request, so they hold no CR/LF. This module adds the framing header. A
-    response's ``headers`` have hop-by-hop headers, the headers named in ``Connection``,
-    and Content-Length removed; the length is in ``content_length`` (for HEAD, 204 and
-    304 it is the declared length, while the body itself is empty). Always call
-    ``UpstreamResponse.close()`` (e.g. from the WSGI iterable's ``close``).
+    A reused idle connection that fails before any response byte (send error, EOF or reset
+    while waiting for the head) is retried exactly once on a fresh connection, if the whole
+    request is still in hand (no body, or a body that fit in the first write). Failures on
+    fresh connections are not retried here; the error says whether the proxy may retry on
+    another pod (``UpstreamConnectError.retriable``: only when no connection could be
+    established and nothing of the body was consumed).
 """
 
 from __future__ import annotations
 
-import ipaddress
-import select as _select_mod
-from collections.abc import Iterator
-from time import monotonic
+import select
+import socket
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol
 
-from gevent import socket as _gsocket
+import httptools
+from gevent import socket as gsocket
 from gevent.monkey import get_original
-from geventhttpclient._parser import HTTPParseError, HTTPResponseParser
+from gevent.select import select as gselect
 
-from activator.core.errors import ActivatorError, UpstreamConnectError, UpstreamTimeout
-from activator.sockets import send_all
+from . import deadlines
+from .core.errors import ClientTimeout, UpstreamBadResponse, UpstreamConnectError, UpstreamTimeout
+from .core.http import BodyFraming, Header
 
 __all__ = [
-    "RequestBodyError",
-    "UpstreamBadResponse",
+    "BodySource",
+    "Timeouts",
     "UpstreamBodyError",
     "UpstreamBodyTimeout",
+    "UpstreamIdle",
+    "PodConnection",
     "UpstreamPool",
-    "UpstreamResponse",
 ]
 
 #: Size of one recv from the pod and of one read from the request body.
 BLOCK_SIZE = 65536
+#: An idle connection reused within this long is not polled first (see ``UpstreamPool._take``).
+UNCHECKED_REUSE_SECONDS = 0.5
 
-_IPPROTO_TCP = _gsocket.IPPROTO_TCP
-_TCP_NODELAY = _gsocket.TCP_NODELAY
-_SOCK_STREAM = _gsocket.SOCK_STREAM
-_GSocket = _gsocket.socket
-# The real poll (gevent's monkey-patching removes select.poll); used only with a zero
-# timeout, so it never blocks the hub.
-_poll = get_original("select", "poll")
-_POLLIN = _select_mod.POLLIN
+_poll = get_original("select", "poll")  # the real poll, only ever with a zero timeout
+_POLLIN = select.POLLIN
+_POLLOUT = select.POLLOUT
+_POLL_GONE = select.POLLIN | select.POLLHUP | select.POLLERR
+_IPPROTO_TCP = socket.IPPROTO_TCP
+_TCP_NODELAY = socket.TCP_NODELAY
+_TCP_QUICKACK = getattr(socket, "TCP_QUICKACK", None)
+_HEAD_END = b"\r\n\r\n"
+_FRAMING_NAMES = frozenset((b"content-length", b"transfer-encoding", b"connection"))
+_LAST_CHUNK = b"0\r\n\r\n"
 
-# Response headers that are never passed on (RFC 9110 7.6.1), plus the framing ones,
-# which the proxy re-derives from ``content_length``.
-_HOP_BY_HOP = frozenset(
-    (
-        "connection",
-        "keep-alive",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "proxy-connection",
-        "te",
-        "trailer",
-        "trailers",
-        "transfer-encoding",
-        "upgrade",
-        "content-length",
-    )
-)
-
-# Body framing of a response.
-_F_NONE = 0  # no body (HEAD, 1xx, 204, 304, or a zero Content-Length)
-_F_LENGTH = 1  # Content-Length: bypasses the parser
-_F_PARSER = 2  # chunked or read-until-close: fed through the parser
+#: What the proxy relays for each 1xx: (status, reason, header lines as the pod sent them).
+InterimCallback = Callable[[int, bytes, list[Header]], None]
 
 
-class UpstreamBadResponse(UpstreamConnectError):
-    """The pod answered with something that is not an HTTP/1.x response head."""
+class BodySource(Protocol):
+    """The request body as the client sends it (``http1.H1Exchange`` is one)."""
 
-    status = 502
-    reason = "upstream-bad-response"
+    trailers: list[Header]
+
+    def read(self, size: int = ...) -> bytes: ...
+
+    def raise_known_error(self) -> None: ...
+
+    def buffered(self) -> bool: ...
+
+    def fileno(self) -> int: ...
+
+
+class Timeouts:
+    """The deadlines of one exchange with a pod (see the module docstring)."""
+
+    __slots__ = ("connect", "response_start", "idle", "total", "client")
+
+    def __init__(self, connect: float, response_start: float, idle: float | None = None,
+                 total: float | None = None, client: float = 60.0) -> None:
+        self.connect = connect
+        self.response_start = response_start
+        self.idle = idle
+        self.total = total
+        #: Longest wait for the client while its body streams through (client_timeout).
+        self.client = client
 
 
 class UpstreamBodyError(Exception):
     """The response body broke off (reset, EOF, bad chunking) after its head was read.
 
-    Not an ``ActivatorError``: the head has been passed on already, so the only answer
-    left is to cut the client's connection.
+    Not an ``ActivatorError``: the head is out already, so the only answer left is to cut
+    the client's connection.
     """
 
-    timed_out = False
+    kind = "resets"
 
 
 class UpstreamBodyTimeout(UpstreamBodyError):
-    """The response body did not finish within ``request_timeout``."""
+    """The response did not finish within the exchange's ``total`` time."""
 
-    timed_out = True
-
-
-class RequestBodyError(ActivatorError):
-    """Reading the client's request body failed, or it ended before its Content-Length."""
-
-    status = 400
-    reason = "client-body"
+    kind = "timeouts"
 
 
-def _connect_error(msg: str, retriable: bool, cls: type = UpstreamConnectError) -> UpstreamConnectError:
-    err = cls(msg)
-    err.retriable = retriable
-    return err
+class UpstreamIdle(UpstreamBodyError):
+    """The pod sent nothing for ``idle`` seconds mid-body."""
+
+    kind = "timeouts"
 
 
 class _Stale(Exception):
-    """Internal: a reused connection died before the response; retry on a fresh one."""
+    """A reused connection died before any response byte: retry on a fresh one."""
 
 
-def _is_idle_alive(sock) -> bool:
-    """True if an idle pooled connection shows no sign of being closed (no wait)."""
-    p = _poll()
-    try:
-        p.register(sock, _POLLIN)
-    except (OSError, ValueError):
-        return False
-    # Any event on an idle keep-alive connection (EOF, reset, stray bytes) means unusable.
-    return not p.poll(0)
+def _connect_error(message: str, *, retriable: bool, kind: str = "connect_errors",
+                   cls: type[UpstreamConnectError] = UpstreamConnectError) -> UpstreamConnectError:
+    error = cls(message)
+    error.retriable = retriable  # type: ignore[attr-defined]
+    error.kind = kind  # type: ignore[attr-defined]
+    return error
+
+
+def _timeout_error(message: str) -> UpstreamTimeout:
+    error = UpstreamTimeout(message)
+    error.kind = "timeouts"  # type: ignore[attr-defined]
+    return error
+
+
+def _readable_or_closed(fd: int) -> bool:
+    """Whether the pod sent something (or closed) on ``fd``, without waiting."""
+    poller = _poll()
+    poller.register(fd, _POLL_GONE)
+    return bool(poller.poll(0))
 
 
 class UpstreamPool:
     """Keep-alive connections to one pod (``host:port``); see the module docstring."""
 
-    __slots__ = ("host", "port", "max_idle", "_idle", "_closed", "_family", "_addr", "_where")
+    __slots__ = ("host", "port", "max_idle", "where", "_idle", "_closed", "_address")
 
     def __init__(self, host: str, port: int, *, max_idle: int = 64) -> None:
         self.host = host
         self.port = port
         self.max_idle = max_idle
-        # Invariant: every socket in _idle finished its last response completely and is
-        # reusable; len(_idle) <= max_idle; _idle is empty once _closed.
-        self._idle: list = []
+        self.where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        # Invariant: every connection in _idle finished its last exchange completely and
+        # is reusable; len(_idle) <= max_idle; _idle is empty once _closed.
+        self._idle: list[PodConnection] = []
         self._closed = False
-        self._where = f"{host}:{port}"
-        try:
-            ip = ipaddress.ip_address(host.strip("[]"))
-        except ValueError:
-            self._family = None  # a name: resolve on every connect
-            self._addr = (host, port)
-        else:
-            self._family = _gsocket.AF_INET6 if ip.version == 6 else _gsocket.AF_INET
-            self._addr = (str(ip), port)
+        self._address = (host, port)
 
     def __repr__(self) -> str:
-        return f"<UpstreamPool {self.host}:{self.port} idle={len(self._idle)}{' closed' if self._closed else ''}>"
+        return f"<UpstreamPool {self.where} idle={len(self._idle)}{' closed' if self._closed else ''}>"
 
     @property
     def idle_count(self) -> int:
@@ -211,489 +207,537 @@ class UpstreamPool:
         """Close the idle connections; later requests still work but are not pooled."""
         self._closed = True
         idle, self._idle = self._idle, []
-        for sock in idle:
-            sock.close()
+        for conn in idle:
+            conn.abort()
 
-    # -- connections -------------------------------------------------------------------
-
-    def _connect(self, connect_timeout: float):
+    def _connect(self, timeout: float) -> PodConnection:
         try:
-            if self._family is None:
-                sock = _gsocket.create_connection(self._addr, timeout=connect_timeout)
-            else:
-                sock = _GSocket(self._family, _SOCK_STREAM)
-                try:
-                    sock.settimeout(connect_timeout)
-                    sock.connect(self._addr)
-                except BaseException:
-                    sock.close()
-                    raise
+            sock = gsocket.create_connection(self._address, timeout=timeout)
             sock.setsockopt(_IPPROTO_TCP, _TCP_NODELAY, 1)
-        except OSError as e:  # refused, unreachable, timeout (TimeoutError), DNS
-            raise _connect_error(f"connect to {self.host}:{self.port} failed: {e!r}", True) from e
-        return sock
+            sock.settimeout(None)  # from now on, deadlines (see ``deadlines``)
+        except OSError as error:  # refused, unreachable, timeout, name resolution
+            raise _connect_error(f"connect to {self.where} failed: {error!r}", retriable=True) from error
+        return PodConnection(self, sock)
 
-    def _release(self, sock) -> None:
-        """Take back a connection whose response ended cleanly and is reusable."""
-        idle = self._idle
-        if self._closed or len(idle) >= self.max_idle:
-            sock.close()
+    def give_back(self, conn: PodConnection) -> None:
+        """Take back a connection whose exchange ended cleanly and that may be reused."""
+        if self._closed or len(self._idle) >= self.max_idle:
+            conn.abort()
         else:
-            idle.append(sock)
+            conn.idle_since = time.monotonic()
+            self._idle.append(conn)
 
-    # -- one exchange --------------------------------------------------------------------
+    def _take(self, replayable: bool) -> PodConnection | None:
+        """The most recently used idle connection that still looks alive, or None.
+
+        A connection idle for long, or one about to carry a body that could not be
+        replayed, is polled first (EOF, a reset or stray bytes: the pod closed it). One
+        reused a moment ago is not: a pod that closed it all the same makes the request
+        fail before any response byte, and a replayable request is then sent again on a
+        fresh connection (the retry rule).
+        """
+        idle = self._idle
+        now = time.monotonic()
+        while idle:
+            conn = idle.pop()
+            if replayable and now - conn.idle_since < UNCHECKED_REUSE_SECONDS:
+                return conn
+            if not _readable_or_closed(conn.fd):
+                return conn
+            conn.abort()
+        return None
 
     def request(
         self,
         method: str,
-        target: str,
-        headers: list[tuple[str, str]],
-        body,
-        body_length: int | None,
-        *,
-        connect_timeout: float,
-        request_timeout: float,
-    ) -> UpstreamResponse:
-        """Send one request and return once the response head has arrived.
+        target: bytes,
+        header_block: bytes,
+        body: BodySource | None,
+        framing: BodyFraming,
+        content_length: int | None,
+        timeouts: Timeouts,
+        interim: InterimCallback | None = None,
+    ) -> PodConnection:
+        """Send one request; return once the final response head (or an early answer) came.
 
-        ``body`` is None or has ``read(n)``; with ``body_length`` it is sent with
-        Content-Length, without it chunked. The body is streamed in 64 KiB pieces.
+        ``header_block``: the end-to-end header lines (``core.http.pod_request_headers``);
+        this adds the framing line. ``framing``/``content_length``: how ``body`` is sent.
+        The connection returned carries the response: read it, then ``close()`` it.
         """
-        # Pick a connection first, so a failed connect has consumed nothing of the body.
-        sock = None
-        reused = False
-        idle = self._idle
-        while idle:
-            sock = idle.pop()
-            if _is_idle_alive(sock):
-                reused = True
-                break
-            sock.close()
-            sock = None
-        if sock is None:
-            sock = self._connect(connect_timeout)
-
-        # Head and first piece of the body, sent in one write.
-        hdrs = "\r\n".join(map(": ".join, headers))
-        if hdrs:
-            hdrs += "\r\n"
-        more = False  # body bytes remain to be streamed after the first write
-        chunked = False
-        remaining = 0
+        replayable = framing is BodyFraming.NONE or (
+            framing is BodyFraming.LENGTH and content_length is not None and content_length <= BLOCK_SIZE
+        )
+        conn = self._take(replayable)
+        reused = conn is not None
+        if conn is None:
+            conn = self._connect(timeouts.connect)
+        conn.begin(method, body, framing, content_length, timeouts, interim)
         try:
-            if body is None or body_length == 0:
-                if body_length is None:
-                    framing = ""
-                elif body_length == 0:
-                    framing = "Content-Length: 0\r\n"
-                else:
-                    raise ValueError("body_length > 0 without a body")
-                payload = f"{method} {target} HTTP/1.1\r\n{hdrs}{framing}\r\n".encode("latin-1")
-            elif body_length is not None:
-                first = _read_body(body, BLOCK_SIZE if body_length > BLOCK_SIZE else body_length)
-                if not first:
-                    raise RequestBodyError("request body ended before Content-Length")
-                remaining = body_length - len(first)
-                more = remaining > 0
-                payload = (
-                    f"{method} {target} HTTP/1.1\r\n{hdrs}Content-Length: {body_length}\r\n\r\n".encode("latin-1")
-                    + first
-                )
-            else:
-                chunked = True
-                first = _read_body(body, BLOCK_SIZE)
-                payload = f"{method} {target} HTTP/1.1\r\n{hdrs}Transfer-Encoding: chunked\r\n\r\n".encode("latin-1")
-                if first:
-                    payload = b"%s%x\r\n%s\r\n" % (payload, len(first), first)
-                    more = True
-                else:
-                    payload += b"0\r\n\r\n"
+            payload = conn.first_write(target, header_block)
         except BaseException:
-            sock.close()
+            conn.abort()
             raise
-
         if reused:
             try:
-                return self._exchange(sock, method, payload, body, more, chunked, remaining, request_timeout, True)
+                conn.run(payload, reused=True)
+                return conn
             except _Stale:
-                # The whole request is in ``payload``; replay it once on a fresh connection.
-                try:
-                    sock = self._connect(connect_timeout)
-                except UpstreamConnectError as e:
-                    e.retriable = body is None or body_length == 0
-                    raise
-        return self._exchange(sock, method, payload, body, more, chunked, remaining, request_timeout, False)
-
-    def _exchange(self, sock, method, payload, body, more, chunked, remaining, request_timeout, reused):
-        """Write the request, read the head. Closes ``sock`` on any failure."""
-        where = self._where
-        try:
-            sock.settimeout(request_timeout)
-            try:
-                send_all(sock, payload)
-            except TimeoutError as e:
-                raise UpstreamTimeout(f"{where} did not take the request within {request_timeout}s") from e
-            except OSError as e:
-                if reused:
-                    raise _Stale() from e
-                raise _connect_error(f"{where} failed while sending: {e!r}", False) from e
-
-            if more:
-                reused = False  # a streamed body cannot be replayed
-                _send_rest(sock, body, chunked, remaining, where, request_timeout)
-
-            deadline = monotonic() + request_timeout
-            resp = None
-            while True:
-                try:
-                    data = sock.recv(BLOCK_SIZE)
-                except TimeoutError as e:
-                    raise UpstreamTimeout(f"{where} sent no response head within {request_timeout}s") from e
-                except OSError as e:
-                    if reused and resp is None:
-                        raise _Stale() from e
-                    raise _connect_error(f"{where} failed before a response head: {e!r}", False) from e
-                if not data:
-                    if reused and resp is None:
-                        raise _Stale()
-                    raise _connect_error(f"{where} closed the connection before a complete response head", False)
-                if resp is None:
-                    # The usual case: the whole head of a final (non-1xx) response in one recv.
-                    resp = UpstreamResponse(b"\r\n\r\n" in data and data[9:10] != b"1")
-                    resp._method_head = method == "HEAD"
-                try:
-                    resp.feed(data)
-                except (HTTPParseError, ValueError) as e:
-                    if not resp._head_done:
-                        raise _connect_error(
-                            f"{where} sent a malformed response head: {e!r}", False, UpstreamBadResponse
-                        ) from e
-                    # A complete head followed by garbage: fail when the body is read.
-                    resp._failed = e
-                if resp._head_done:
-                    break
-                left = deadline - monotonic()
-                if left <= 0:
-                    raise UpstreamTimeout(f"{where} sent no response head within {request_timeout}s")
-                sock.settimeout(left)
-        except BaseException:
-            sock.close()
-            raise
-
-        resp._deadline = deadline
-        # Held even when the response is already complete: the caller decides, with
-        # close() (pool it) or abort() (the client left: drop it).
-        resp._sock = sock
-        resp._pool = self
-        return resp
+                if not conn.replayable:
+                    raise _connect_error(f"{self.where} closed a kept-alive connection mid-request",
+                                         retriable=False) from None
+                fresh = self._connect(timeouts.connect)
+                fresh.begin(method, body, framing, content_length, timeouts, interim)
+                fresh.replayable = conn.replayable
+                conn = fresh
+        conn.run(payload, reused=False)
+        return conn
 
 
-def _read_body(body, n: int) -> bytes:
-    try:
-        return body.read(n)
-    except ActivatorError:
-        raise  # the handler's own verdict on the body (e.g. 413 body-too-large)
-    except Exception as e:
-        raise RequestBodyError(f"reading the request body failed: {e!r}") from e
+class PodConnection(deadlines.Watched):
+    """One keep-alive connection to a pod, and the exchange it carries now.
 
-
-def _send_rest(sock, body, chunked: bool, remaining: int, where: str, request_timeout: float) -> None:
-    """Stream the rest of the request body. ``sock`` has timeout ``request_timeout``."""
-    try:
-        if chunked:
-            while True:
-                piece = _read_body(body, BLOCK_SIZE)
-                if not piece:
-                    send_all(sock, b"0\r\n\r\n")
-                    return
-                send_all(sock, b"%x\r\n%s\r\n" % (len(piece), piece))
-        while remaining > 0:
-            piece = _read_body(body, BLOCK_SIZE if remaining > BLOCK_SIZE else remaining)
-            if not piece:
-                raise RequestBodyError("request body ended before Content-Length")
-            remaining -= len(piece)
-            send_all(sock, piece)
-    except TimeoutError as e:
-        raise UpstreamTimeout(f"{where} did not take the request body within {request_timeout}s") from e
-    except OSError as e:
-        raise _connect_error(f"{where} failed while the request body was sent: {e!r}", False) from e
-
-
-class UpstreamResponse(HTTPResponseParser):
-    """One pod response: the head is parsed, the body is read by ``chunks()``.
-
-    Public: ``status``, ``reason``, ``headers`` (hop-by-hop and Content-Length removed),
-    ``content_length`` (None when chunked or read-until-close).
+    Between ``UpstreamPool.request`` and ``close()`` it is the response: ``status``,
+    ``reason``, ``headers`` (every line as the pod sent it; the caller filters hop-by-hop
+    ones with ``core.http``), ``framing``, ``content_length``, ``early``, ``upgraded`` /
+    ``tunnel_data`` (a 101), ``trailers`` (after the body). The llhttp parser lives as long
+    as the connection (llhttp starts over after each message).
     """
 
-    __slots__ = (
-        "status",
-        "reason",
-        "headers",
-        "content_length",
-        # llhttp looks the callbacks up on the instance: the data callbacks are bound
-        # list.append methods (no Python frame per header), see __init__.
-        "_on_status",
-        "_on_header_field",
-        "_on_header_value",
-        "_on_body",
-        "_raw",
-        "_last",
-        "_pending",
-        "_method_head",
-        "_head_done",
-        "_complete",
-        "_interim",
-        "_framing",
-        "_keep_alive",
-        "_extra",
-        "_failed",
-        "_sock",
-        "_pool",
-        "_deadline",
-    )
+    __slots__ = ("pool", "fd", "idle_since", "status", "reason", "headers", "trailers", "framing", "content_length", "early",
+                 "upgraded", "tunnel_data", "head_done", "complete", "received", "replayable", "lower_names",
+                 "connection_values", "_parser",
+                 "_method", "_head_only", "_body", "_framing_out", "_length_out", "_timeouts", "_interim",
+                 "_remaining", "_sent_at", "_reason_parts", "_interims", "_pending", "_keep_alive", "_extra",
+                 "_head_buffer", "_total_deadline", "_open", "_chunked", "_other_coding")
 
-    def __init__(self, whole_head: bool) -> None:
-        """``whole_head``: the first feed holds the complete head of a final response.
-
-        Then every span (status, each name, each value) arrives in exactly one callback,
-        in order, so a bare ``list.append`` collects them. Otherwise spans can be split
-        at feed boundaries and the slow callbacks glue the pieces back together.
-        """
-        super().__init__()
-        self._raw = raw = []  # [reason?, name, value, name, value, ...]
-        self._pending = pending = []  # body pieces from the last feed
-        self._on_body = pending.append
-        if whole_head:
-            self._on_status = self._on_header_field = self._on_header_value = raw.append
-        else:
-            self._last = 0
-            self._on_status = self._span_status
-            self._on_header_field = self._span_field
-            self._on_header_value = self._span_value
-        self.status = 0
-        self.reason = ""
-        self.content_length = None
-        self._head_done = False
-        self._complete = False
-        self._interim = False
-        self._extra = False
-        self._failed = None
-        self._sock = None
+    def __init__(self, pool: UpstreamPool, sock: Any) -> None:
+        super().__init__(sock)
+        self.pool = pool
+        self.fd = sock.fileno()
+        self.idle_since = 0.0
+        self._parser: httptools.HttpResponseParser | None = None
+        self._open = True
+        deadlines.sweeper().add(self)
 
     def __repr__(self) -> str:
-        return f"<UpstreamResponse {self.status} {self.reason!r} length={self.content_length}>"
+        return f"<PodConnection {self.pool.where} {self.status} {self.framing.value}>"
 
-    # -- parser callbacks (called from feed()) ---------------------------------------------
+    def begin(self, method: str, body: BodySource | None, framing: BodyFraming, content_length: int | None,
+              timeouts: Timeouts, interim: InterimCallback | None) -> None:
+        """Start a new exchange on this connection."""
+        if self._parser is None:
+            self._parser = httptools.HttpResponseParser(self)
+        self._method = method
+        self._head_only = method == "HEAD"
+        self._body = body
+        self._framing_out = framing
+        self._length_out = content_length
+        self._timeouts = timeouts
+        self._interim = interim
+        self._remaining = 0
+        self._sent_at = 0.0
+        self.replayable = True
+        self.status = 0
+        self.reason = b""
+        self.headers: list[Header] = []
+        self.lower_names: list[bytes] = []
+        self.connection_values: list[bytes] = []
+        self.trailers: list[Header] = []
+        self.framing = BodyFraming.NONE
+        self.content_length: int | None = None
+        self.early = False
+        self.upgraded = False
+        self.tunnel_data = b""
+        self.head_done = False
+        self.complete = False
+        self.received = False
+        self._reason_parts: list[bytes] = []
+        self._interims: list[tuple[int, bytes, list[Header]]] = []
+        self._pending: list[bytes] = []
+        self._keep_alive = False
+        self._extra = False
+        self._head_buffer = b""
+        self._total_deadline: float | None = None
+        self._chunked = False
+        self._other_coding = False
 
-    def _span(self, kind: int, s: str) -> None:
-        if self._last == kind:
-            self._raw[-1] += s  # the rest of a span split by a feed boundary
-        else:
-            self._raw.append(s)
-            self._last = kind
+    # -- sending ------------------------------------------------------------------------------
 
-    def _span_status(self, s: str) -> None:
-        self._span(1, s)
+    def first_write(self, target: bytes, header_block: bytes) -> bytes:
+        """The head and the first piece of the body, as one payload."""
+        framing = self._framing_out
+        head = b"%s %s HTTP/1.1\r\n%s" % (self._method.encode("ascii"), target, header_block)
+        body = self._body
+        if framing is BodyFraming.NONE or body is None:
+            return head + b"\r\n"
+        if framing is BodyFraming.LENGTH:
+            length = self._length_out
+            assert length is not None
+            first = body.read(min(BLOCK_SIZE, length)) if length else b""
+            self._remaining = length - len(first)
+            self.replayable = self._remaining == 0
+            return b"%sContent-Length: %d\r\n\r\n%s" % (head, length, first)
+        first = body.read(BLOCK_SIZE)
+        body.raise_known_error()
+        head += b"Transfer-Encoding: chunked\r\n\r\n"
+        if not first:
+            return head + _last_chunk(body)
+        self._remaining = -1  # chunked: more to come
+        self.replayable = False
+        return b"%s%x\r\n%s\r\n" % (head, len(first), first)
 
-    def _span_field(self, s: str) -> None:
-        self._span(2, s)
+    def run(self, payload: bytes, reused: bool) -> None:
+        """Send the request, read until the final head. Closes the connection on failure."""
+        sock = self.sock
+        try:
+            self._sent_at = now = time.monotonic()
+            try:
+                sent = sock.send(payload)
+                if sent < len(payload):
+                    self.deadline = now + self._timeouts.response_start
+                    sock.sendall(memoryview(payload)[sent:])
+            except OSError as error:
+                if self.timed_out:
+                    raise _timeout_error(f"{self.pool.where} did not take the request within "
+                                         f"{self._timeouts.response_start}s") from error
+                if reused:
+                    raise _Stale() from error
+                raise _connect_error(f"{self.pool.where} failed while the request was sent: {error!r}",
+                                     retriable=False) from error
+            finally:
+                self.deadline = 0.0
+            if self._remaining:
+                if self._send_rest():  # the pod answered first
+                    self.early = True
+            if not self.head_done:
+                self.deadline = time.monotonic() + self._timeouts.response_start
+                try:
+                    while not self.head_done:
+                        self._receive_head(reused)
+                finally:
+                    self.deadline = 0.0
+        except BaseException:
+            self.abort()
+            raise
+        total = self._timeouts.total
+        self._total_deadline = None if total is None else self._sent_at + total
 
-    def _span_value(self, s: str) -> None:
-        self._span(3, s)
-
-    def _on_message_begin(self) -> None:
-        if self._complete:
-            self._extra = True  # the pod sent more than one response
-
-    def _on_headers_complete(self):
-        if self._head_done:
-            self._extra = True
-            return True  # a second response after ours: ignore it, and its body
-        code = self.get_code()
-        raw = self._raw
-        if code < 200:
-            # An interim response (100 Continue, 103 Early Hints): drop it, the final
-            # response follows on the same connection.
-            self._interim = True
-            raw.clear()
-            self._last = 0
-            return False
-        n = len(raw)
-        i = n & 1  # a reason phrase comes first, then name/value pairs
-        if i:
-            self.reason = raw[0]
-        headers = []
-        length = None
-        chunked = False
-        tokens = None
-        while i < n:
-            name = raw[i]
-            lname = name.lower()
-            if lname in _HOP_BY_HOP:
-                value = raw[i + 1]
-                if lname == "content-length":
-                    length = int(value)  # llhttp has validated it
-                elif lname == "transfer-encoding":
-                    chunked = value.rstrip().lower().endswith("chunked")
-                elif lname == "connection":
-                    t = {t.strip().lower() for t in value.split(",")}
-                    tokens = t if tokens is None else tokens | t
+    def _send_rest(self) -> bool:
+        """Stream the rest of the body. True if the pod sent a final answer before the end."""
+        body = self._body
+        assert body is not None
+        client_fd = body.fileno()
+        chunked = self._remaining < 0
+        while self._remaining:
+            if self._pod_spoke():
+                return True
+            if not body.buffered():
+                readable, _, _ = gselect([client_fd, self.fd], [], [], self._timeouts.client)
+                if not readable:
+                    raise ClientTimeout("the request body stalled for client_timeout")
+                if self.fd in readable and self._pod_spoke():
+                    return True
+            piece = body.read(BLOCK_SIZE if chunked else min(BLOCK_SIZE, self._remaining))
+            if chunked:
+                if piece:
+                    self._send_piece(b"%x\r\n%s\r\n" % (len(piece), piece))
+                else:
+                    self._send_piece(_last_chunk(body))
+                    self._remaining = 0
             else:
-                headers.append((name, raw[i + 1]))
-            i += 2
-        self.status = code
-        self.content_length = length
-        self._head_done = True
-        # Later spans (chunked trailers) are dropped; this also breaks the
-        # self -> bound method -> self cycle of the slow callbacks.
-        raw.clear()
-        self._on_status = self._on_header_field = self._on_header_value = raw.append
-        if tokens is None:
-            keep_alive = self.get_http_version() == "HTTP/1.1"
-        else:
-            if self.get_http_version() == "HTTP/1.1":
-                keep_alive = "close" not in tokens
-            else:
-                keep_alive = "keep-alive" in tokens
-            tokens.discard("close")
-            tokens.discard("keep-alive")
-            if tokens:  # headers named in Connection are hop-by-hop too
-                headers = [h for h in headers if h[0].lower() not in tokens]
-        self.headers = headers
-        if self._method_head or code == 204 or code == 304:
-            self._framing = _F_NONE
-            self._keep_alive = keep_alive
-            return True  # no body, whatever the headers say
-        if length is not None:
-            # llhttp rejects Content-Length together with Transfer-Encoding.
-            self._framing = _F_LENGTH if length else _F_NONE
-        else:
-            # chunked, or read until the pod closes (then never reusable)
-            self._framing = _F_PARSER
-            if not chunked:
-                keep_alive = False
-        self._keep_alive = keep_alive
+                if not piece:
+                    raise ClientTimeout("the request body ended before its Content-Length")
+                self._remaining -= len(piece)
+                self._send_piece(piece)
         return False
 
-    def _on_message_complete(self) -> None:
-        if self._interim:
-            self._interim = False
+    def _pod_spoke(self) -> bool:
+        """Read what the pod sent while the body streams; True once a final head is in."""
+        if not _readable_or_closed(self.fd):
+            return False
+        self.deadline = time.monotonic() + self._timeouts.response_start
+        try:
+            self._receive_head(reused=False)
+        finally:
+            self.deadline = 0.0
+        return self.head_done
+
+    def _send_piece(self, data: bytes) -> None:
+        """Send ``data``, stopping early if the pod speaks (it may be answering already)."""
+        sock = self.sock
+        fd = self.fd
+        view = memoryview(data)
+        timeout = self._timeouts.response_start
+        while view:
+            poller = _poll()
+            poller.register(fd, _POLLOUT | _POLL_GONE)
+            events = dict(poller.poll(0)).get(fd, 0)
+            if events & _POLL_GONE:
+                return  # the pod answered or closed: the caller reads it
+            if not events & _POLLOUT:
+                try:
+                    gsocket.wait_readwrite(fd, timeout=timeout, timeout_exc=TimeoutError())
+                except TimeoutError:
+                    raise _timeout_error(f"{self.pool.where} did not take the request body within {timeout}s") from None
+                continue
+            try:
+                view = view[sock.send(view):]
+            except OSError as error:
+                if self._pod_spoke():
+                    return
+                raise _connect_error(f"{self.pool.where} failed while the request body was sent: {error!r}",
+                                     retriable=False) from error
+
+    # -- reading the head ----------------------------------------------------------------------
+
+    def _receive_head(self, reused: bool) -> None:
+        """One recv toward the head (under the deadline set by the caller), fed to the parser."""
+        sock = self.sock
+        where = self.pool.where
+        if self.received:  # the rest of a head that came in pieces (see "Delayed ACKs")
+            _quickack(sock)
+        try:
+            data = sock.recv(BLOCK_SIZE)
+        except OSError as error:
+            if self.timed_out:
+                raise _timeout_error(f"{where} sent no response head within {self._timeouts.response_start}s") from error
+            if reused and not self.received:
+                raise _Stale() from error
+            raise _connect_error(f"{where} failed before a response head: {error!r}", retriable=False) from error
+        if not data:
+            if self.timed_out:
+                raise _timeout_error(f"{where} sent no response head within {self._timeouts.response_start}s")
+            if reused and not self.received:
+                raise _Stale()
+            raise _connect_error(f"{where} closed the connection before a complete response head", retriable=False)
+        try:
+            self._feed_head(data)
+        except httptools.HttpParserError as error:
+            raise _connect_error(f"{where} sent a malformed response head: {error}", retriable=False,
+                                 cls=UpstreamBadResponse) from error
+        interims = self._interims
+        if interims:
+            self._interims = []
+            interim = self._interim
+            for status, reason, headers in interims:
+                if interim is not None and status != 100:
+                    interim(status, reason, headers)
+
+    def _feed_head(self, data: bytes) -> None:
+        """Feed bytes that came before (or with) the final head."""
+        self.received = True
+        if self._head_only:
+            # One head at a time: what follows the final head of a HEAD answer is not its body.
+            buffer = self._head_buffer + data
+            while not self.head_done:
+                end = buffer.find(_HEAD_END)
+                if end < 0:
+                    break
+                self._feed(buffer[: end + 4])
+                buffer = buffer[end + 4 :]
+            self._head_buffer = buffer
+            if self.head_done:
+                self._parser = None  # it expects the body the head announced: start over next time
+                if buffer:
+                    self._extra = True
+            elif len(buffer) > BLOCK_SIZE * 4:
+                raise httptools.HttpParserError("response head too large")
             return
-        self._complete = True
+        self._feed(data)
 
-    # -- reading the body ------------------------------------------------------------------
+    def _feed(self, data: bytes) -> None:
+        parser = self._parser
+        assert parser is not None
+        try:
+            parser.feed_data(data)
+        except httptools.HttpParserUpgrade as upgrade:
+            self.upgraded = True
+            self.tunnel_data = data[upgrade.args[0] :]
 
-    def _reusable(self) -> bool:
-        return self._keep_alive and self._complete and not self._extra and self._failed is None
+    # -- llhttp callbacks ---------------------------------------------------------------------
 
-    def _take_pending(self) -> bytes:
+    def on_message_begin(self) -> None:
+        if self.complete:
+            self._extra = True
+
+    def on_status(self, reason: bytes) -> None:
+        self._reason_parts.append(reason)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if self.head_done:
+            self.trailers.append((name, value))
+            return
+        self.headers.append((name, value))
+        lower = name.lower()
+        self.lower_names.append(lower)
+        if lower in _FRAMING_NAMES:
+            if lower == b"content-length":
+                self.content_length = int(value)  # llhttp has validated it
+            elif lower == b"transfer-encoding":
+                # llhttp reads a coding list not ending in chunked as "until close"; we do
+                # not relay transfer codings other than chunked (on_headers_complete).
+                self._chunked = value.rsplit(b",", 1)[-1].strip(b" \t").lower() == b"chunked"
+                self._other_coding = not self._chunked
+            else:
+                self.connection_values.append(value)
+
+    def on_headers_complete(self) -> None:
+        if self.head_done:
+            self._extra = True
+            return
+        parser = self._parser
+        assert parser is not None
+        status = parser.get_status_code()
+        parts = self._reason_parts
+        reason = parts[0] if len(parts) == 1 else b"".join(parts)
+        self._reason_parts = []
+        if status < 200 and status != 101:
+            self._interims.append((status, reason, self.headers))
+            self.headers = []
+            self.lower_names = []
+            self.connection_values = []
+            self.content_length = None
+            self._chunked = False
+            return
+        if self._other_coding:
+            raise httptools.HttpParserError("a Transfer-Encoding other than chunked")
+        self.status = status
+        self.reason = reason
+        self.head_done = True
+        self._keep_alive = parser.should_keep_alive()
+        if self._chunked:
+            framing = BodyFraming.CHUNKED
+        elif self.content_length is not None:
+            framing = BodyFraming.LENGTH if self.content_length else BodyFraming.NONE
+        else:
+            framing = BodyFraming.CLOSE
+        if self._head_only or status == 204 or status == 304 or status == 101:
+            framing = BodyFraming.NONE
+        self.framing = framing
+        if framing is BodyFraming.NONE:
+            self.complete = True
+
+    def on_body(self, data: bytes) -> None:
+        self._pending.append(data)
+
+    def on_message_complete(self) -> None:
+        if self.head_done:
+            self.complete = True
+
+    # -- the body -----------------------------------------------------------------------------
+
+    def take_body(self) -> bytes:
+        """The body bytes already here (all of it when ``complete``), without waiting."""
         pending = self._pending
-        data = bytes(pending[0]) if len(pending) == 1 else b"".join(pending)
+        if not pending:
+            return b""
+        data = b"".join(pending) if len(pending) > 1 else pending[0]
         pending.clear()
         return data
 
-    def abort(self) -> None:
-        """Close the pod connection now, whatever was read: it is never reused.
-
-        For a response nobody will read (the client went away). Idempotent; ``close()``
-        afterwards does nothing.
-        """
-        sock = self._sock
-        if sock is not None:
-            self._sock = None
-            self._pool = None
-            sock.close()
-
-    def _finish(self) -> None:
-        """The body ended: hand the connection back (or close it)."""
-        sock = self._sock
-        if sock is not None:
-            self._sock = None
-            if self._reusable():
-                self._pool._release(sock)
-            else:
-                sock.close()
-            self._pool = None
-
-    def _cut(self, exc: BaseException, timed_out: bool = False):
-        sock = self._sock
-        self._sock = None
-        self._pool = None
-        if sock is not None:
-            sock.close()
-        cls = UpstreamBodyTimeout if timed_out else UpstreamBodyError
-        return cls(f"response body from the pod broke off: {exc!r}")
-
-    def chunks(self) -> Iterator[bytes]:
+    def body(self) -> Iterator[bytes]:
         """Yield the body as it arrives (each piece is what one recv brought).
 
-        Raises ``UpstreamBodyError`` (reset, early EOF, bad chunking) or
+        Raises ``UpstreamBodyError`` (reset, early EOF, bad chunking), ``UpstreamIdle`` or
         ``UpstreamBodyTimeout``. Iterate it at most once.
         """
-        if self._failed is not None and not self._complete:
-            raise self._cut(self._failed) from self._failed
-        if self._pending:
-            if self._complete:
-                self._finish()
-            yield self._take_pending()
-        sock = self._sock
-        if sock is None:
-            return
-        deadline = self._deadline
-        if self._framing == _F_LENGTH:
-            remaining = self.get_remaining_content_length()
-            while remaining > 0:
-                left = deadline - monotonic()
-                if left <= 0:
-                    raise self._cut(TimeoutError("request_timeout"), True)
-                sock.settimeout(left)
-                try:
-                    data = sock.recv(BLOCK_SIZE if remaining > BLOCK_SIZE else remaining)
-                except TimeoutError as e:
-                    raise self._cut(e, True) from e
-                except OSError as e:
-                    raise self._cut(e) from e
-                if not data:
-                    raise self._cut(EOFError(f"pod closed with {remaining} body bytes missing"))
-                remaining -= len(data)
-                if remaining == 0:
-                    self._complete = True
-                    self._finish()
-                yield data
-            return
-        while not self._complete:
-            left = deadline - monotonic()
-            if left <= 0:
-                raise self._cut(TimeoutError("request_timeout"), True)
-            sock.settimeout(left)
+        pending = self._pending
+        if pending:
+            data = b"".join(pending) if len(pending) > 1 else pending[0]
+            pending.clear()
+            yield data
+        sock = self.sock
+        while not self.complete:
+            self._arm_body_deadline()
+            _quickack(sock)
             try:
                 data = sock.recv(BLOCK_SIZE)
-            except TimeoutError as e:
-                raise self._cut(e, True) from e
-            except OSError as e:
-                raise self._cut(e) from e
+            except OSError as error:
+                raise self._cut(error) from error
+            finally:
+                self.deadline = 0.0
+            if not data:
+                if self.timed_out:
+                    raise self._cut(TimeoutError("deadline"))
+                if self.framing is BodyFraming.CLOSE:
+                    self.complete = True
+                    return
+                raise self._cut(EOFError("the pod closed the connection before the body ended"))
+            parser = self._parser
+            assert parser is not None
             try:
-                self.feed(data)  # b"" tells the parser the pod closed
-            except HTTPParseError as e:
-                if not self._complete:
-                    raise self._cut(e) from e
-                self._failed = e  # trailing garbage after a complete body: do not reuse
-            if not data and not self._complete:
-                raise self._cut(EOFError("connection closed before the body ended"))
-            if self._complete:
-                self._finish()
-            if self._pending:
-                yield self._take_pending()
+                parser.feed_data(data)
+            except httptools.HttpParserError as error:
+                if not self.complete:
+                    raise self._cut(error) from error
+                self._extra = True  # garbage after a complete body: not reusable
+            if pending:
+                data = b"".join(pending) if len(pending) > 1 else pending[0]
+                pending.clear()
+                yield data
+
+    def _arm_body_deadline(self) -> None:
+        now = time.monotonic()
+        idle = self._timeouts.idle
+        total = self._total_deadline
+        if total is not None and total <= now:
+            self.timed_out = True
+            raise self._cut(TimeoutError("the exchange's total time is over"))
+        if idle is None:
+            self.deadline = 0.0 if total is None else total
+        else:
+            self.deadline = now + idle if total is None else min(now + idle, total)
+
+    def _cut(self, cause: BaseException) -> UpstreamBodyError:
+        timed_out = self.timed_out
+        self.abort()
+        if timed_out:
+            total = self._total_deadline
+            if total is not None and time.monotonic() >= total - deadlines.TICK:
+                return UpstreamBodyTimeout(f"the response did not finish in time: {cause!r}")
+            return UpstreamIdle(f"the pod sent nothing for {self._timeouts.idle}s mid-body")
+        return UpstreamBodyError(f"the response body broke off: {cause!r}")
+
+    def reusable(self) -> bool:
+        return (self.complete and self._keep_alive and not self._extra and not self.early and not self.upgraded
+                and self.framing is not BodyFraming.CLOSE and not self.timed_out and self._open)
 
     def close(self) -> None:
-        """Return the connection to the pool if the body was read to its end and the
-        connection is reusable; otherwise close it. Idempotent."""
-        sock = self._sock
-        if sock is not None:
-            self._sock = None
-            if self._complete and self._reusable():
-                self._pool._release(sock)
-            else:
-                sock.close()
-            self._pool = None
+        """End the exchange: pooled if the response was read to its end and the connection
+        may be reused, else closed. Idempotent."""
+        if not self._open:
+            return
+        if self.reusable():
+            self._body = None
+            self._interim = None
+            self.pool.give_back(self)
+        else:
+            self.abort()
+
+    def abort(self) -> None:
+        """Close the pod connection now, whatever was read. Idempotent."""
+        if self._open:
+            self._open = False
+            deadlines.sweeper().discard(self)
+            self.sock.close()
+
+    def detach(self) -> Any:
+        """Take the socket (a 101 answer: it becomes a tunnel); this connection is done."""
+        self._open = False
+        deadlines.sweeper().discard(self)
+        return self.sock
+
+
+def _quickack(sock: Any) -> None:
+    if _TCP_QUICKACK is not None:
+        try:
+            sock.setsockopt(_IPPROTO_TCP, _TCP_QUICKACK, 1)
+        except OSError:
+            pass
+
+
+def _last_chunk(body: BodySource) -> bytes:
+    trailers = body.trailers
+    if not trailers:
+        return _LAST_CHUNK
+    return b"0\r\n%s\r\n" % b"".join(b"%s: %s\r\n" % (name, value) for name, value in trailers)

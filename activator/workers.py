@@ -34,11 +34,11 @@ import gevent
 import gevent.subprocess
 import falcon
 from gevent.event import Event
-from gevent.pywsgi import WSGIServer
 
 from . import admin as admin_api
 from .core.config import Address, Config
-from .server import DUPLICATE_SIGNAL_SECONDS, listen_socket
+from .engine import HttpServer, Limits
+from .server import DUPLICATE_SIGNAL_SECONDS, listen_on
 from .systemd import Notifier, run_watchdog
 from .workersockets import ENV, WorkerSockets
 
@@ -121,14 +121,14 @@ class Supervisor:
         self.stopping = False
         self._stop_signalled_at = 0.0
         self._done = Event()
-        public = listen_socket(config.listen)
-        privates = [listen_socket(Address("127.0.0.1", 0)) for _ in range(config.workers)]
-        admins = [listen_socket(Address("127.0.0.1", 0)) for _ in range(config.workers)]
+        public = listen_on(config.listen)
+        privates = [listen_on(Address("127.0.0.1", 0)) for _ in range(config.workers)]
+        admins = [listen_on(Address("127.0.0.1", 0)) for _ in range(config.workers)]
         addresses = ["127.0.0.1:%d" % s.getsockname()[1] for s in privates]
         self.workers = [Worker(i, addresses, public, privates[i], admins[i]) for i in range(config.workers)]
-        self.admin_server: WSGIServer | None = None
+        self.admin_server: HttpServer | None = None
         if config.admin is not None:
-            self.admin_server = WSGIServer(listen_socket(config.admin), self._admin_app(), log=None)
+            self.admin_server = HttpServer(listen_on(config.admin), self._admin_app(), Limits())
 
     # -- workers ----------------------------------------------------------------
 
@@ -162,14 +162,15 @@ class Supervisor:
     # -- status -----------------------------------------------------------------
 
     def _fetch(self, worker: Worker, path: str) -> tuple[int, bytes]:
-        from .upstream import UpstreamPool
+        from .core.http import BodyFraming
+        from .upstream import Timeouts, UpstreamPool
 
         host, _, port = worker.admin_address.rpartition(":")
         pool = UpstreamPool(host, int(port), max_idle=0)
-        response = pool.request("GET", path, [("host", worker.admin_address)], None, 0,
-                                connect_timeout=2.0, request_timeout=5.0)
+        response = pool.request("GET", path.encode(), b"Host: %s\r\n" % worker.admin_address.encode(), None,
+                                BodyFraming.NONE, None, Timeouts(2.0, 5.0, total=5.0))
         try:
-            return response.status, b"".join(response.chunks())
+            return response.status, b"".join(response.body())
         finally:
             response.close()
             pool.close()

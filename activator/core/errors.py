@@ -1,8 +1,11 @@
 """The one error hierarchy, and the HTTP answer each error maps to.
 
-Activator's own answers are decided here and nowhere else: the shell turns an
-``ActivatorError`` into a response with ``status``, ``X-Activator-Reason: reason``
-and, for queue-full, ``Retry-After``. Anything else escaping the core is a bug.
+Activator's own answers are decided here and nowhere else: each ``ActivatorError`` names
+its ``status``, its ``X-Activator-Reason`` (``reason``), an optional ``Retry-After`` and
+whether the client connection must be closed after the answer (``closes_connection``:
+set wherever the framing of what follows on the connection is in doubt). The shell turns
+one into bytes in one place (``http1.own_answer``). Anything else escaping the core is a
+bug.
 """
 
 from __future__ import annotations
@@ -12,21 +15,128 @@ class ActivatorError(Exception):
     """An answer activator gives itself instead of a pod's."""
 
     status: int = 500
-    reason: str = "internal"
+    reason: str = "internal-error"
     #: Seconds for a Retry-After header, or None for no header.
     retry_after: int | None = None
+    #: The client connection is closed after the answer (the framing is in doubt).
+    closes_connection: bool = False
+
+
+class InternalError(ActivatorError):
+    """A bug: logged once with its traceback, answered 500."""
+
+    closes_connection = True
+
+
+# -- the client's request ----------------------------------------------------------------
+
+
+class BadRequest(ActivatorError):
+    """The request head is not HTTP/1.x as RFC 9112 defines it (llhttp refused it)."""
+
+    status = 400
+    reason = "bad-request"
+    closes_connection = True
+
+
+class BadHost(ActivatorError):
+    """HTTP/1.1 without Host, with two, or with one that is not ``host[:port]``."""
+
+    status = 400
+    reason = "bad-host"
+
+
+class NotOriginForm(ActivatorError):
+    """Absolute-form targets (``GET http://elsewhere/``): not an open proxy."""
+
+    status = 400
+    reason = "bad-request-target"
+
+
+class MalformedTarget(NotOriginForm):
+    """A request target llhttp refused (authority-form without CONNECT, bad bytes)."""
+
+    closes_connection = True
+
+
+class ConnectRefused(NotOriginForm):
+    """CONNECT: a tunnel to anywhere; the bytes after its head are not HTTP."""
+
+    closes_connection = True
+
+
+class UnsupportedMethod(ActivatorError):
+    """A method llhttp does not know (it parses a fixed list of methods)."""
+
+    status = 501
+    reason = "unsupported-method"
+    closes_connection = True
+
+
+class UnsupportedTransferEncoding(ActivatorError):
+    """A Transfer-Encoding other than exactly ``chunked``."""
+
+    status = 501
+    reason = "unsupported-transfer-encoding"
+    closes_connection = True
+
+
+class RequestLineTooLong(ActivatorError):
+    status = 414
+    reason = "request-line-too-long"
+    closes_connection = True
+
+
+class HeadersTooLarge(ActivatorError):
+    status = 431
+    reason = "headers-too-large"
+    closes_connection = True
+
+
+class BodyTooLarge(ActivatorError):
+    """A body over ``limits.max_body_bytes`` (declared, or a chunked one growing past it)."""
+
+    status = 413
+    reason = "body-too-large"
+    closes_connection = True
+
+
+class ClientBodyError(ActivatorError):
+    """The request body's framing is broken (a bad chunk) or it ended early."""
+
+    status = 400
+    reason = "client-body"
+    closes_connection = True
+
+
+class ClientTimeout(ActivatorError):
+    """The request head (or a piece of the body) did not arrive within client_timeout."""
+
+    status = 408
+    reason = "client-timeout"
+    closes_connection = True
+
+
+class ClientGone(ActivatorError):
+    """The client closed its connection; nothing can be answered (logged as 499)."""
+
+    status = 499  # nginx's convention; never actually delivered
+    reason = "client-gone"
+    closes_connection = True
+
+
+class TooManyConnections(ActivatorError):
+    status = 503
+    reason = "too-many-connections"
+    closes_connection = True
+
+
+# -- routing and the queue ------------------------------------------------------------------
 
 
 class UnknownHost(ActivatorError):
     status = 404
     reason = "unknown-host"
-
-
-class NotOriginForm(ActivatorError):
-    """Absolute-form targets (``GET http://elsewhere/``) and CONNECT: not an open proxy."""
-
-    status = 400
-    reason = "bad-request-target"
 
 
 class QueueFull(ActivatorError):
@@ -43,11 +153,21 @@ class QueueTimeout(ActivatorError):
 class ShuttingDown(ActivatorError):
     status = 503
     reason = "shutting-down"
+    closes_connection = True
+
+
+# -- the pod ----------------------------------------------------------------------------------
 
 
 class UpstreamConnectError(ActivatorError):
     status = 502
     reason = "upstream-connect"
+
+
+class UpstreamBadResponse(UpstreamConnectError):
+    """The pod answered with something that is not an HTTP/1.x response head."""
+
+    reason = "upstream-bad-response"
 
 
 class UpstreamTimeout(ActivatorError):

@@ -54,13 +54,15 @@ def test_counters_timers_gauges_and_reloads(
         for _ in range(2):
             refused = request(act.url("/"), host=HOST)
             assert (refused.status, refused.headers["X-Activator-Reason"]) == (503, "queue-full")
-    # The client went away: the held request ends (with the pod's 200) and frees the slot.
+    # The client went away mid-response: the held request ends as 499 client-gone (a 4xx)
+    # and frees the slot.
     rx.wait_for(lambda _: rx.counter("t.api.requests") == 3 and rx.gauge("t.api.in_flight") == 0)
     for _ in range(2):
         assert request(act.url("/delay?ms=10"), host=HOST).status == 200
     rx.wait_for(lambda _: rx.counter("t.api.requests") == 5)
 
-    assert rx.counter("t.api.responses.2xx") == 3
+    assert rx.counter("t.api.responses.2xx") == 2
+    assert rx.counter("t.api.responses.4xx") == 1
     assert rx.counter("t.api.responses.5xx") == 2
     assert rx.counter("t.api.rejected.queue_full") == 2
     assert rx.counter("t.api.rejected.queue_timeout") == 0

@@ -17,11 +17,13 @@ import gevent
 import pytest
 from gevent.event import Event
 
-from activator import client, gate
+import socket
+
+from activator import gate, hangup
 from builders import pod, svc
 
 from activator.core.config import Config, ProbeConfig
-from activator.core.errors import QueueFull, QueueTimeout
+from activator.core.errors import ClientGone, QueueFull, QueueTimeout
 from activator.core.states import PodState
 from activator.core.throttler import Grant, ServiceThrottler
 from activator.core.topology import Topology
@@ -106,8 +108,13 @@ class Request:
         self.outcome = "waiting"
         try:
             grant = gate.acquire(self.throttler, self.timeout, self.client_socket)
-        except (QueueFull, QueueTimeout, client.ClientGone) as e:
+        except (QueueFull, QueueTimeout, ClientGone) as e:
             self.outcome = type(e).__name__
+            return
+        if grant.queued and self.client_socket is not None and hangup.hung_up(self.client_socket):
+            # As the proxy does before sending a request that waited.
+            self.throttler.release(grant, now())
+            self.outcome = "ClientGone"
             return
         self.grant = grant
         address = grant.pod.address
@@ -351,61 +358,77 @@ def test_killed_running_request_releases_exactly_once() -> None:
 # -- the client hangs up while queued ---------------------------------------------
 
 
-class FakeWatch:
-    """Stands in for ``client.watch``: the test says when the client hangs up."""
-
-    def __init__(self) -> None:
-        self.on_gone: Callable[[], None] | None = None
-        self.killed = 0
-
-    def __call__(self, sock: Any, on_gone: Callable[[], None]) -> Any:
-        self.on_gone = on_gone
-        return self
-
-    def kill(self, block: bool = True) -> None:
-        self.killed += 1
+def until(condition: Callable[[], bool]) -> None:
+    """Let the hub turn (poll sockets included) until ``condition`` holds, within a bound."""
+    for _ in range(1000):
+        if condition():
+            return
+        gevent.idle()
+    raise AssertionError("condition never held")
 
 
-def test_client_gone_while_queued_leaves_the_queue(monkeypatch: pytest.MonkeyPatch) -> None:
-    watch = FakeWatch()
-    monkeypatch.setattr(client, "watch", watch)
-    t = ServiceThrottler(svc(A, cc=1), now())
-    pods = Pods()
-    hold = Event()
-    holder = Request(t, pods, 0, hold=hold)
-    waiter = Request(t, pods, 1, client_socket=object())
-    settle()
-    assert t.queued == 1 and watch.on_gone is not None
-    watch.on_gone()
-    settle()
-    assert waiter.outcome == "ClientGone" and t.queued == 0 and watch.killed == 1
-    hold.set()
-    finish([holder, waiter])
-    assert pods.served == [(A, 0)]
-    assert_all_zero(t)
+def test_client_gone_while_queued_leaves_the_queue() -> None:
+    ours, theirs = socket.socketpair()
+    try:
+        t = ServiceThrottler(svc(A, cc=1), now())
+        pods = Pods()
+        hold = Event()
+        holder = Request(t, pods, 0, hold=hold)
+        waiter = Request(t, pods, 1, client_socket=ours)
+        settle()
+        assert t.queued == 1 and hangup.monitor().watching == 1
+        theirs.shutdown(socket.SHUT_WR)  # the client's FIN, nothing else
+        until(lambda: waiter.outcome == "ClientGone")
+        assert t.queued == 0 and hangup.monitor().watching == 0
+        hold.set()
+        finish([holder, waiter])
+        assert pods.served == [(A, 0)]
+        assert_all_zero(t)
+    finally:
+        ours.close()
+        theirs.close()
 
 
-def test_client_gone_in_the_same_tick_as_its_grant_releases_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    watch = FakeWatch()
-    monkeypatch.setattr(client, "watch", watch)
-    t = ServiceThrottler(svc(A, cc=1), now())
-    pods = Pods()
-    held = t.acquire(now(), lambda: None)
-    assert isinstance(held, Grant)
-    waiter = Request(t, pods, 1, client_socket=object())
-    settle()
-    assert watch.on_gone is not None
-    watch.on_gone()  # the client hangs up...
-    t.release(held, now())  # ...and its slot arrives, before it wakes
-    assert t.in_flight == 1 and t.queued == 0
-    finish([waiter])
-    assert waiter.outcome == "ClientGone" and pods.served == []  # never sent to the pod
-    assert_all_zero(t)
+def test_client_gone_in_the_same_tick_as_its_grant_releases_it() -> None:
+    ours, theirs = socket.socketpair()
+    try:
+        t = ServiceThrottler(svc(A, cc=1), now())
+        pods = Pods()
+        held = t.acquire(now(), lambda: None)
+        assert isinstance(held, Grant)
+        waiter = Request(t, pods, 1, client_socket=ours)
+        settle()
+        theirs.close()  # the client hangs up...
+        t.release(held, now())  # ...and its slot arrives, before the hub noticed the hang-up
+        assert t.in_flight == 1 and t.queued == 0
+        finish([waiter])
+        assert waiter.outcome == "ClientGone" and pods.served == []  # never sent to the pod
+        assert_all_zero(t)
+    finally:
+        ours.close()
+
+
+def test_client_gone_with_unread_bytes_is_seen() -> None:
+    """A pipelined request (or a body) waiting unread does not hide the hang-up."""
+    ours, theirs = socket.socketpair()
+    try:
+        t = ServiceThrottler(svc(A, cc=1), now())
+        pods = Pods()
+        held = t.acquire(now(), lambda: None)
+        assert isinstance(held, Grant)
+        waiter = Request(t, pods, 1, client_socket=ours)
+        settle()
+        theirs.sendall(b"GET /next HTTP/1.1\r\n\r\n")
+        theirs.shutdown(socket.SHUT_WR)
+        until(lambda: waiter.outcome == "ClientGone")
+        t.release(held, now())
+        assert_all_zero(t)
+    finally:
+        ours.close()
+        theirs.close()
 
 
 def test_client_hangs_up_on_a_real_socket() -> None:
-    import socket
-
     ours, theirs = socket.socketpair()
     try:
         t = ServiceThrottler(svc(A, cc=1), now())

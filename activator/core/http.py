@@ -1,0 +1,359 @@
+"""HTTP/1.x decisions the parser leaves to us, as small pure functions on bytes.
+
+llhttp (through httptools) decides the syntax of request and response heads and the
+framing of bodies; it is strict (no lenient flags), so obs-fold, bare CR or LF, control
+bytes, whitespace before a colon, bad or duplicate Content-Length and Content-Length with
+Transfer-Encoding never get this far. What it leaves to us, decided here:
+
+- **Versions**: HTTP/1.0 and HTTP/1.1 only (llhttp also parses 0.9 and 2.0 request lines).
+- **Request targets**: origin-form (``/path?q``), and ``*`` for OPTIONS; absolute-form is
+  refused (not an open proxy), CONNECT too (and its connection closed).
+- **Host** (RFC 9112 3.2): an HTTP/1.1 request has exactly one Host, and it is
+  ``host[:port]``: a reg-name of letters, digits, ``-._~``, an IPv4 address or a
+  bracketed IPv6 literal, and an optional port of 1-5 digits. Stricter than RFC 3986 on
+  purpose: no userinfo, no sub-delims (``x,y`` is what two merged Host lines look like),
+  no percent-escapes. Only SP and HTAB are whitespace (llhttp trims them; a ``\\xa0`` is
+  a byte of the value, so the value is invalid).
+- **Body framing**: Transfer-Encoding must be exactly one ``chunked`` (any other coding
+  -> 501, in HTTP/1.0 -> 400); a HEAD request or an Upgrade request carries no body;
+  a declared body over ``max_body_bytes`` -> 413.
+- **Which header lines travel**, in both directions: hop-by-hop headers (RFC 9110 7.6.1:
+  ``Connection`` and the headers it names, ``Keep-Alive``, ``Proxy-Connection``, ``TE``,
+  ``Transfer-Encoding``, ``Upgrade``; also the proxy authentication pair) stop here;
+  every other line keeps its place, its spelling and its value, and repeated lines stay
+  separate. Framing headers are re-derived from how the body is actually sent.
+- **How a response is framed to the client** (``client_framing``): no body for HEAD,
+  1xx, 204 and 304; the pod's Content-Length when it sent one; chunked to HTTP/1.1
+  clients otherwise (trailers relayed); delimited by closing the connection for HTTP/1.0
+  clients.
+
+Names are compared lower-cased; values are never decoded beyond latin-1 for routing.
+"""
+
+from __future__ import annotations
+
+import enum
+import ipaddress
+import re
+from collections.abc import Sequence
+
+from .errors import (
+    ActivatorError,
+    BadHost,
+    BadRequest,
+    BodyTooLarge,
+    ConnectRefused,
+    NotOriginForm,
+    UnsupportedTransferEncoding,
+)
+
+#: One header line as the parser delivered it: (name, value), both raw bytes.
+Header = tuple[bytes, bytes]
+
+#: Request headers that never reach the pod (besides those named in ``Connection``).
+#: ``Expect`` is ours: activator sends ``100 Continue`` itself once the slot is granted.
+#: ``Content-Length`` and ``Transfer-Encoding`` are re-derived from the body we send.
+REQUEST_HOP_BY_HOP = frozenset(
+    (
+        b"connection",
+        b"keep-alive",
+        b"proxy-connection",
+        b"proxy-authorization",
+        b"te",
+        b"trailer",
+        b"transfer-encoding",
+        b"upgrade",
+        b"expect",
+        b"content-length",
+        b"x-forwarded-for",  # rebuilt: the client's list, then this client
+        b"x-forwarded-proto",  # set: what the client spoke to us
+        b"x-forwarded-host",  # set: the Host the client sent
+        b"x-activator-forwarded",  # between activators only: the hops a request took
+    )
+)
+
+#: Response headers that never reach the client (besides those named in ``Connection``).
+RESPONSE_HOP_BY_HOP = frozenset(
+    (b"connection", b"keep-alive", b"proxy-connection", b"proxy-authenticate", b"te", b"transfer-encoding", b"upgrade")
+)
+
+_HOST = re.compile(rb"(?:\[([0-9A-Fa-f:.]+)\]|([A-Za-z0-9._~-]+))(?::[0-9]{1,5})?\Z")
+_OPTIONAL_WHITESPACE = b" \t"
+
+REASON_PHRASES = {
+    100: b"Continue",
+    101: b"Switching Protocols",
+    200: b"OK",
+    400: b"Bad Request",
+    404: b"Not Found",
+    408: b"Request Timeout",
+    413: b"Content Too Large",
+    414: b"URI Too Long",
+    431: b"Request Header Fields Too Large",
+    499: b"Client Closed Request",
+    500: b"Internal Server Error",
+    501: b"Not Implemented",
+    502: b"Bad Gateway",
+    503: b"Service Unavailable",
+    504: b"Gateway Timeout",
+}
+
+#: Statuses whose responses never have a body (RFC 9110 6.4.1), besides 1xx.
+BODILESS_STATUSES = frozenset((204, 304))
+
+
+class BodyFraming(enum.Enum):
+    """How a message body is delimited on the wire."""
+
+    NONE = "none"  # no body at all
+    LENGTH = "length"  # Content-Length
+    CHUNKED = "chunked"  # Transfer-Encoding: chunked (trailers possible)
+    CLOSE = "close"  # read until the connection closes (responses only)
+
+
+def valid_host(value: bytes) -> bool:
+    """Whether a Host value is ``host[:port]`` by the rules in the module docstring."""
+    match = _HOST.match(value)
+    if match is None:
+        return False
+    literal = match.group(1)
+    if literal is not None:
+        try:
+            ipaddress.IPv6Address(literal.decode("ascii"))
+        except ValueError:
+            return False
+    return True
+
+
+#: Host values already found valid (bounded: they are client input).
+_VALID_HOSTS: dict[bytes, str] = {}
+_VALID_HOSTS_SIZE = 4096
+
+
+def request_host(version: str, hosts: Sequence[bytes]) -> str:
+    """The Host of a request, checked (RFC 9112 3.2); raises ``BadHost``.
+
+    HTTP/1.0 may omit it (then ""); two lines, or an invalid value, are refused.
+    """
+    if len(hosts) == 1:
+        host = hosts[0]
+        known = _VALID_HOSTS.get(host)
+        if known is not None:
+            return known
+        if not valid_host(host):
+            raise BadHost(f"invalid Host {host[:100]!r}")
+        if len(_VALID_HOSTS) >= _VALID_HOSTS_SIZE:
+            _VALID_HOSTS.clear()
+        text = _VALID_HOSTS[host] = host.decode("latin-1")
+        return text
+    if not hosts:
+        if version == "1.0":
+            return ""
+        raise BadHost("an HTTP/1.1 request without Host")
+    raise BadHost("more than one Host header")
+
+
+def check_request_head(
+    version: str,
+    method: str,
+    target: bytes,
+    hosts: Sequence[bytes],
+    content_length: int | None,
+    transfer_encodings: Sequence[bytes],
+    upgrade: bool,
+    max_body_bytes: int | None,
+) -> tuple[BodyFraming, str]:
+    """Everything ``core.http`` decides about a head llhttp accepted: (body framing, Host).
+
+    Raises the refusal: version, target form, body framing, then Host, in that order.
+    """
+    if version != "1.1":
+        check_version(version)
+    if target[:1] != b"/" or method == "CONNECT":
+        check_target(method, target)
+    if content_length is not None or transfer_encodings:
+        framing = body_framing(version, method, content_length, transfer_encodings, upgrade, max_body_bytes)
+    else:
+        framing = BodyFraming.NONE
+    return framing, request_host(version, hosts)
+
+
+def check_target(method: str, target: bytes) -> None:
+    """Origin-form, or ``*`` for OPTIONS; raises ``NotOriginForm`` / ``ConnectRefused``."""
+    if method == "CONNECT":
+        raise ConnectRefused("CONNECT is not proxied")
+    if target[:1] == b"/" or (target == b"*" and method == "OPTIONS"):
+        return
+    raise NotOriginForm(f"request target {target[:100]!r} is not origin-form")
+
+
+def check_version(version: str) -> None:
+    if version != "1.1" and version != "1.0":
+        raise BadRequest(f"HTTP version {version} (only 1.0 and 1.1)")
+
+
+def body_framing(
+    version: str,
+    method: str,
+    content_length: int | None,
+    transfer_encodings: Sequence[bytes],
+    upgrade: bool,
+    max_body_bytes: int | None,
+) -> BodyFraming:
+    """How the request body is framed, after llhttp accepted the head; raises refusals.
+
+    llhttp has already refused Content-Length together with Transfer-Encoding, and any
+    Transfer-Encoding whose last coding is not chunked.
+    """
+    if transfer_encodings:
+        if version == "1.0":
+            raise BadRequest("Transfer-Encoding in an HTTP/1.0 request")
+        check_transfer_encoding(transfer_encodings)
+        framing = BodyFraming.CHUNKED
+    elif content_length is not None:
+        if max_body_bytes is not None and content_length > max_body_bytes:
+            raise BodyTooLarge(f"Content-Length {content_length} over max_body_bytes {max_body_bytes}")
+        framing = BodyFraming.LENGTH
+        if not content_length:
+            return framing  # "Content-Length: 0" is forwarded as it came
+    else:
+        return BodyFraming.NONE
+    if method == "HEAD":
+        raise BadRequest("a HEAD request with a body")
+    if upgrade:
+        raise BadRequest("an Upgrade request with a body")
+    return framing
+
+
+def check_transfer_encoding(values: Sequence[bytes]) -> None:
+    """Exactly one Transfer-Encoding line, and it says ``chunked``; raises 501 otherwise."""
+    if len(values) != 1 or values[0].lower() != b"chunked":
+        shown = b", ".join(values)[:100]
+        raise UnsupportedTransferEncoding(f"Transfer-Encoding {shown!r} (only chunked)")
+
+
+def refusal_of_head(reason: str) -> ActivatorError:
+    """What to answer when llhttp refused a request head, from its reason text.
+
+    llhttp names the header it refused only in that text. A Transfer-Encoding it refused
+    (a coding after chunked, a repeated line, a coding that is not chunked) is an
+    unsupported coding (501), unless the refusal is its conflict with Content-Length (a
+    framing conflict, 400); any other refusal is a malformed head (400).
+    """
+    if "Transfer-Encoding" in reason and "Content-Length" not in reason:
+        return UnsupportedTransferEncoding(f"Transfer-Encoding refused: {reason}")
+    return BadRequest(f"malformed request head: {reason}")
+
+
+_NO_TOKENS: frozenset[bytes] = frozenset()
+
+
+def connection_tokens(values: Sequence[bytes]) -> frozenset[bytes]:
+    """The lower-cased options of ``Connection`` lines (``close``, ``upgrade``, names)."""
+    if not values:
+        return _NO_TOKENS
+    tokens: set[bytes] = set()
+    for value in values:
+        for token in value.split(b","):
+            token = token.strip(_OPTIONAL_WHITESPACE).lower()
+            if token:
+                tokens.add(token)
+    return frozenset(tokens)
+
+
+def pod_request_headers(
+    headers: Sequence[Header],
+    lower_names: Sequence[bytes],
+    client_ip: bytes,
+    scheme: bytes,
+    host: bytes,
+    named_by_connection: frozenset[bytes] = frozenset(),
+    upgrade: bytes | None = None,
+) -> bytes:
+    """The header block (lines, without the final CRLF) sent to the pod.
+
+    Every end-to-end line in its place and spelling; ``X-Forwarded-For`` gets the client
+    appended to what it said (all its lines, in order), ``X-Forwarded-Proto`` and
+    ``-Host`` are set. ``upgrade``: the Upgrade value of a tunnel request, forwarded with
+    ``Connection: upgrade``. Framing lines are added by the sender.
+    """
+    lines = []
+    forwarded_for = []
+    for (name, value), lower in zip(headers, lower_names, strict=True):
+        if lower in REQUEST_HOP_BY_HOP or lower in named_by_connection:
+            if lower == b"x-forwarded-for":
+                forwarded_for.append(value)
+            continue
+        lines.append(b"%s: %s\r\n" % (name, value))
+    forwarded_for.append(client_ip)
+    lines.append(b"X-Forwarded-For: %s\r\n" % b", ".join(forwarded_for))
+    lines.append(b"X-Forwarded-Proto: %s\r\nX-Forwarded-Host: %s\r\n" % (scheme, host))
+    if upgrade is not None:
+        lines.append(b"Connection: upgrade\r\nUpgrade: %s\r\n" % upgrade)
+    return b"".join(lines)
+
+
+def client_framing(
+    method: str, status: int, pod_framing: BodyFraming, client_version: str, tunnel: bool = False
+) -> BodyFraming:
+    """How a pod's response is framed to the client (see the module docstring)."""
+    if method == "HEAD" or status < 200 or status in BODILESS_STATUSES or tunnel:
+        return BodyFraming.NONE
+    if pod_framing is BodyFraming.LENGTH or pod_framing is BodyFraming.NONE:
+        return pod_framing
+    return BodyFraming.CHUNKED if client_version == "1.1" else BodyFraming.CLOSE
+
+
+def response_head_lines(
+    headers: Sequence[Header],
+    lower_names: Sequence[bytes],
+    framing: BodyFraming,
+    named_by_connection: frozenset[bytes] = frozenset(),
+    keep_upgrade: bool = False,
+    keep_length: bool = False,
+) -> list[bytes]:
+    """The pod's header lines that reach the client, in order, for this framing.
+
+    ``lower_names``: the lower-cased names of ``headers``; ``named_by_connection``: the
+    options of the response's ``Connection`` lines (``connection_tokens``).
+    Content-Length stays only when the body goes out with that length (or when there is
+    no body but the length describes one: HEAD, 304); ``Trailer`` only with chunked.
+    ``keep_upgrade``: a 101 answer keeps ``Upgrade`` (the protocol switched to).
+    """
+    drop_length = not (framing is BodyFraming.LENGTH or keep_length)
+    drop_trailer = framing is not BodyFraming.CHUNKED
+    lines = []
+    for (name, value), lower in zip(headers, lower_names, strict=True):
+        if lower in RESPONSE_HOP_BY_HOP or lower in named_by_connection:
+            if not (lower == b"upgrade" and keep_upgrade):
+                continue
+        elif (drop_length and lower == b"content-length") or (drop_trailer and lower == b"trailer"):
+            continue
+        lines.append(b"%s: %s\r\n" % (name, value))
+    return lines
+
+
+def trailer_lines(trailers: Sequence[Header]) -> list[bytes]:
+    """Trailer fields that travel on (the hop-by-hop rules apply to them too)."""
+    return [b"%s: %s\r\n" % (name, value) for name, value in trailers if name.lower() not in RESPONSE_HOP_BY_HOP]
+
+
+def status_line(status: int, reason: bytes | None = None) -> bytes:
+    """``HTTP/1.1 <status> <reason>\\r\\n``; the pod's own reason phrase when given."""
+    if reason is None:
+        reason = REASON_PHRASES.get(status, b"")
+    return b"HTTP/1.1 %d %s\r\n" % (status, reason)
+
+
+def own_answer(error: ActivatorError, close: bool) -> bytes:
+    """The whole response activator gives for ``error`` (the one place it is spelled)."""
+    body = f"{error.status} {error.reason}\n".encode()
+    retry = b"Retry-After: %d\r\n" % error.retry_after if error.retry_after is not None else b""
+    return b"%sX-Activator-Reason: %s\r\n%sContent-Type: text/plain; charset=utf-8\r\nContent-Length: %d\r\n%s\r\n%s" % (
+        status_line(error.status),
+        error.reason.encode(),
+        retry,
+        len(body),
+        b"Connection: close\r\n" if close else b"",
+        body,
+    )

@@ -1,0 +1,281 @@
+"""The HTTP server: accepts connections, serves their requests through a WSGI application.
+
+What this module decides:
+
+- **Listening and admission.** A gevent ``StreamServer`` on a listener made by
+  ``sockets.listen_socket`` (TCP_NODELAY, inherited by accepted sockets). Connections over
+  ``max_connections`` are answered 503 ``too-many-connections`` at once and closed
+  (stopping to accept would leave clients hanging in the backlog instead).
+- **One greenlet per connection**, which parses its requests (``http1``) and serves them
+  one after the other: the application is called once per request, in this greenlet.
+- **The WSGI contract**, with one extension. The engine builds a WSGI environ for each
+  request (``wsgi.input`` reads the body as it streams) and calls the application. An
+  application that needs more than WSGI can say (1xx answers, repeated header lines in
+  their order, trailers, streaming without buffering, cutting a connection) finds the
+  exchange in ``environ[EXCHANGE]`` and writes its response there itself; the engine then
+  ignores what the application returns (it closes it). The proxy does this for every
+  request; the admin API answers through plain WSGI.
+- **What the application cannot see**: requests llhttp or ``core.http`` refuse are
+  answered here, with the one mapping of errors to answers (``core.http.own_answer``),
+  before any application runs. An exception escaping the application is a bug: logged
+  once with its traceback, answered 500 ``internal-error`` (or the connection cut if the
+  response had started).
+- **Stopping.** ``close()`` stops accepting; ``stopping`` makes every later answer close
+  its connection; ``stop(timeout)`` waits for the connections to finish, then kills the
+  rest (idle keep-alive connections are closed at once).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Callable, Iterable
+from typing import Any
+from urllib.parse import unquote_to_bytes
+
+import gevent
+from gevent.server import StreamServer
+
+from .core.errors import ActivatorError, ClientGone, InternalError, TooManyConnections
+from .core.http import BodyFraming, own_answer
+from .http1 import H1Connection, H1Exchange, linger
+
+log = logging.getLogger("activator")
+
+#: The environ key of the request's exchange (see the module docstring).
+EXCHANGE = "activator.exchange"
+
+Application = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
+
+
+class Limits:
+    """What the engine enforces per connection (``limits:`` in the config)."""
+
+    __slots__ = ("max_connections", "client_timeout", "max_header_bytes", "max_body_bytes")
+
+    def __init__(self, max_connections: int = 10000, client_timeout: float = 60.0, max_header_bytes: int = 65536,
+                 max_body_bytes: int | None = None) -> None:
+        self.max_connections = max_connections
+        self.client_timeout = client_timeout
+        self.max_header_bytes = max_header_bytes
+        self.max_body_bytes = max_body_bytes
+
+
+class HttpServer:
+    """Serves ``app`` on ``listener`` (a bound, listening, non-blocking socket)."""
+
+    def __init__(self, listener: Any, app: Application, limits: Limits, *, scheme: str = "http") -> None:
+        self.app = app
+        self.limits = limits
+        self.scheme = scheme
+        self.stopping = False
+        #: Open connections and the greenlet serving each.
+        self.connections: dict[H1Connection, gevent.Greenlet] = {}
+        #: Connections inside an exchange right now (the others wait for a request).
+        self._busy: set[H1Connection] = set()
+        self._server = StreamServer(listener, self._handle)
+        host, port = listener.getsockname()[:2]
+        #: What every request's environ starts from.
+        self._base_environ: dict[str, Any] = {
+            "SCRIPT_NAME": "",
+            "SERVER_NAME": str(host),
+            "SERVER_PORT": str(port),
+            "wsgi.version": (1, 0),
+            "wsgi.url_scheme": scheme,
+            "wsgi.errors": sys.stderr,
+            "wsgi.multithread": False,
+            "wsgi.multiprocess": False,
+            "wsgi.run_once": False,
+        }
+
+    @property
+    def address(self) -> tuple[str, int]:
+        return self._server.address  # type: ignore[no-any-return]
+
+    def start(self) -> None:
+        self._server.start()
+
+    def close(self) -> None:
+        """Stop accepting (the listener is closed); open connections go on."""
+        self._server.close()
+
+    def stop(self, timeout: float) -> None:
+        """Close idle connections now, give the others ``timeout`` seconds, kill the rest."""
+        self.stopping = True
+        self._server.close()
+        idle = [greenlet for conn, greenlet in self.connections.items() if conn not in self._busy]
+        gevent.killall(idle, block=False)
+        gevent.joinall(list(self.connections.values()), timeout=timeout)
+        gevent.killall(list(self.connections.values()), block=False)
+
+    # -- one connection -------------------------------------------------------------------
+
+    def _handle(self, sock: Any, address: Any) -> None:
+        limits = self.limits
+        if len(self.connections) >= limits.max_connections:
+            try:
+                sock.settimeout(limits.client_timeout)
+                sock.sendall(own_answer(TooManyConnections(), close=True))
+                linger(sock)
+            except OSError:
+                pass
+            finally:
+                sock.close()
+            return
+        conn = H1Connection(sock, address, limits.client_timeout, limits.max_header_bytes, limits.max_body_bytes,
+                            self.scheme)
+        self.connections[conn] = gevent.getcurrent()
+        try:
+            self._serve(conn)
+        except ClientGone:
+            pass
+        except BaseException:  # killed (stop), or a bug: no lingering on the way out
+            conn.cut = True
+            raise
+        finally:
+            self.connections.pop(conn, None)
+            self._busy.discard(conn)
+            conn.close()
+
+    def _serve(self, conn: H1Connection) -> None:
+        while True:
+            conn.closing = self.stopping
+            try:
+                exchange = conn.next_exchange()
+            except ActivatorError as refusal:
+                log.debug("refused a request from %s: %s (%s)", conn.client_ip, refusal.reason, refusal)
+                conn.send(own_answer(refusal, close=True))
+                return
+            if exchange is None:
+                return
+            self._busy.add(conn)
+            if exchange.refusal is not None:
+                log.debug("refused a request from %s: %s (%s)", conn.client_ip, exchange.refusal.reason,
+                          exchange.refusal)
+                exchange.answer(exchange.refusal)
+            else:
+                self._call_app(exchange)
+            if not conn.settle(exchange):
+                return
+            self._busy.discard(conn)
+
+    def _call_app(self, exchange: H1Exchange) -> None:
+        environ = self._environ(exchange)
+        response = _WsgiResponse(exchange)
+        try:
+            result = self.app(environ, response.start_response)
+            try:
+                if not exchange.started:
+                    response.send(result)
+            finally:
+                close = getattr(result, "close", None)
+                if close is not None:
+                    close()
+        except ClientGone:
+            raise
+        except Exception:
+            log.exception("internal error serving %s %r", exchange.method, exchange.target[:200])
+            exchange.answer(InternalError())
+            return
+        if not exchange.finished:
+            exchange.finish()
+
+    def _environ(self, exchange: H1Exchange) -> dict[str, Any]:
+        target = exchange.target
+        path, _, query = target.partition(b"?")
+        if b"%" in path:
+            path = unquote_to_bytes(path)
+        environ = self._base_environ.copy()
+        environ["REQUEST_METHOD"] = exchange.method
+        environ["PATH_INFO"] = path.decode("latin-1")
+        environ["QUERY_STRING"] = query.decode("latin-1")
+        environ["RAW_URI"] = target.decode("latin-1")
+        environ["SERVER_PROTOCOL"] = "HTTP/1.1" if exchange.version == "1.1" else "HTTP/1.0"
+        environ["REMOTE_ADDR"] = exchange.client_ip
+        environ["wsgi.input"] = _Input(exchange)
+        environ[EXCHANGE] = exchange
+        keys = _ENVIRON_KEYS
+        for (_, value), lower in zip(exchange.headers, exchange.lower_names, strict=True):
+            key = keys.get(lower)
+            if key is None:
+                key = _environ_key(lower)
+            text = value.decode("latin-1")
+            previous = environ.get(key)
+            environ[key] = text if previous is None else f"{previous},{text}"
+        return environ
+
+
+#: Header name (lower-cased bytes) -> its WSGI environ key; bounded, names are client input.
+_ENVIRON_KEYS: dict[bytes, str] = {b"content-type": "CONTENT_TYPE", b"content-length": "CONTENT_LENGTH"}
+_ENVIRON_KEYS_SIZE = 1024
+
+
+def _environ_key(lower: bytes) -> str:
+    key = "HTTP_" + lower.decode("latin-1").upper().replace("-", "_")
+    if len(_ENVIRON_KEYS) < _ENVIRON_KEYS_SIZE:
+        _ENVIRON_KEYS[lower] = key
+    return key
+
+
+class _Input:
+    """``wsgi.input``: the request body as it streams (de-chunked)."""
+
+    __slots__ = ("_exchange",)
+
+    def __init__(self, exchange: H1Exchange) -> None:
+        self._exchange = exchange
+
+    def read(self, size: int = -1) -> bytes:
+        if size is None or size < 0:
+            return b"".join(iter(self._exchange.read, b""))
+        return self._exchange.read(size) if size else b""
+
+    def readline(self, size: int = -1) -> bytes:
+        raise OSError("wsgi.input.readline is not supported")
+
+    def __iter__(self) -> Any:
+        return iter(self._exchange.read, b"")
+
+
+class _WsgiResponse:
+    """start_response, and the body an application returns, written to the exchange."""
+
+    __slots__ = ("_exchange", "_status", "_reason", "_lines", "_length")
+
+    def __init__(self, exchange: H1Exchange) -> None:
+        self._exchange = exchange
+        self._status = 0
+        self._reason = b""
+        self._lines: list[bytes] = []
+        self._length: int | None = None
+
+    def start_response(self, status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Callable[..., Any]:
+        if self._exchange.started:  # the application answered through the exchange itself
+            return self._write_unsupported
+        code, _, reason = status.partition(" ")
+        self._status = int(code)
+        lines = []
+        for name, value in headers:
+            if name.lower() == "content-length":
+                self._length = int(value)
+            lines.append(f"{name}: {value}\r\n".encode("latin-1"))
+        self._lines = lines
+        self._reason = reason.encode("latin-1")
+        return self._write_unsupported
+
+    def _write_unsupported(self, data: bytes) -> None:
+        raise OSError("the WSGI write() callable is not supported")
+
+    def send(self, result: Iterable[bytes]) -> None:
+        exchange = self._exchange
+        if exchange.method == "HEAD" or self._status in (204, 304):
+            framing = BodyFraming.NONE
+        elif self._length is not None:
+            framing = BodyFraming.LENGTH
+        else:
+            framing = BodyFraming.CHUNKED if exchange.version == "1.1" else BodyFraming.CLOSE
+        exchange.start(self._status, self._reason, self._lines, framing)
+        if framing is BodyFraming.NONE:
+            return
+        for piece in result:
+            exchange.write(piece)

@@ -1,0 +1,646 @@
+"""The client side of HTTP/1.x: requests parsed by llhttp, answered in order on one socket.
+
+``H1Connection`` drives httptools' ``HttpRequestParser`` (llhttp, strict: no lenient flag
+is ever set) over one client socket and hands out one ``H1Exchange`` per request, which
+carries the parsed head, reads the body, and writes the response. Its rules:
+
+- **Pull, not push.** Nothing is read from the socket until the request being served
+  needs it (its head, its body) or the connection moves on to the next request; one
+  recv is at most 64 KiB, so pipelined requests parsed ahead are bounded by that.
+  Requests are answered strictly in order.
+- **What llhttp refuses, we refuse**, classified by ``core.http``: a malformed head ->
+  400 ``bad-request`` (501 for an unknown method or transfer coding), the connection
+  closed after the answer. Our own limits are checked as the parser delivers the head:
+  a request line over 8 KiB -> 414, a header section over ``max_header_bytes`` -> 431.
+  Then ``core.http`` checks what llhttp leaves to us (version, target form, Host, body
+  framing); a refusal that leaves the framing intact (bad Host, absolute-form) keeps the
+  connection.
+- **Body framing errors close the connection** (a bad chunk, a chunked body over
+  ``max_body_bytes``, a client that stops sending): the answer says
+  ``Connection: close``, nothing after the error is parsed, and the socket is closed
+  after a lingering drain (so that the answer is not lost to a reset). This is what
+  keeps a front proxy and activator from disagreeing about where a request ends.
+- **Keep-alive** when the client wants it (llhttp's reading of the version and
+  ``Connection``) and the request body was read to its end; a body the application did
+  not read is discarded up to ``DRAIN_LIMIT`` bytes, else the connection closes.
+  ``Expect: 100-continue`` is answered when the application first reads the body (the
+  proxy does that once it holds a slot); a request whose body was never asked for
+  closes the connection after its answer.
+- **Time**: ``client_timeout`` bounds an idle keep-alive connection waiting for its next
+  request and the whole head of a request once it started (408 when part of a head
+  came, silence when nothing did), and each read of the body and each write after that.
+- **Responses** are written with the status line, headers and first body piece in one
+  ``send``. 1xx answers go to HTTP/1.1 clients only. Chunked responses carry their
+  trailers. A write that fails marks the client gone (``ClientGone``).
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+import time
+from collections import deque
+from collections.abc import Sequence
+from typing import Any
+
+import httptools
+
+from . import deadlines
+from .core import http
+from .core.errors import (
+    ActivatorError,
+    BadRequest,
+    BodyTooLarge,
+    ClientBodyError,
+    ClientGone,
+    ClientTimeout,
+    HeadersTooLarge,
+    MalformedTarget,
+    RequestLineTooLong,
+    UnsupportedMethod,
+)
+from .core.http import BodyFraming
+
+#: One recv from the client.
+RECV_SIZE = 65536
+#: Longest request target (the old pywsgi limit, kept).
+MAX_TARGET = 8192
+#: Unread request body the connection discards to stay alive after an answer.
+DRAIN_LIMIT = 65536
+#: Lingering close: how long and how much we read (and drop) after shutting our side.
+LINGER_SECONDS = 1.0
+LINGER_BYTES = 65536
+
+_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+_NO_BYTES = b""
+# Names of request headers the connection itself looks at, lower-cased.
+_HOST = b"host"
+_CONTENT_LENGTH = b"content-length"
+_TRANSFER_ENCODING = b"transfer-encoding"
+_CONNECTION = b"connection"
+_EXPECT = b"expect"
+_UPGRADE = b"upgrade"
+_FORWARDED = b"x-activator-forwarded"
+_METHOD_THEN_SPACE = re.compile(rb"(?:\r\n)*[!#$%&'*+\-.^_`|~0-9A-Za-z]+ ")
+#: Method names llhttp returned, as str (llhttp knows a fixed set).
+_METHODS: dict[bytes, str] = {}
+_SPECIAL = frozenset((_HOST, _CONTENT_LENGTH, _TRANSFER_ENCODING, _CONNECTION, _EXPECT, _UPGRADE, _FORWARDED))
+
+
+class H1Exchange:
+    """One request on an ``H1Connection``: its head, its body, and its response.
+
+    The parser fills the head and the body pieces; the application reads the body with
+    ``read`` and answers with ``start``/``write``/``finish`` (or ``answer`` for one of
+    activator's own answers, or ``interim`` for a 1xx first).
+    """
+
+    __slots__ = (
+        "conn",
+        "method",
+        "target",
+        "version",
+        "headers",
+        "lower_names",
+        "hosts",
+        "host",
+        "content_length",
+        "transfer_encodings",
+        "connection_values",
+        "expect_continue",
+        "upgrade",
+        "upgrade_value",
+        "forwarded",
+        "tunnel_data",
+        "keep_alive",
+        "framing",
+        "refusal",
+        "head_done",
+        "body",
+        "body_bytes",
+        "body_done",
+        "body_error",
+        "trailers",
+        "continue_sent",
+        "started",
+        "finished",
+        "response_framing",
+        "close_after",
+        "status",
+        "bytes_sent",
+        "_head",
+    )
+
+    def __init__(self, conn: H1Connection) -> None:
+        self.conn = conn
+        self.method = ""
+        self.target = _NO_BYTES
+        self.version = "1.1"
+        self.headers: list[http.Header] = []
+        self.lower_names: list[bytes] = []
+        self.hosts: list[bytes] = []
+        self.host = ""
+        self.content_length: int | None = None
+        self.transfer_encodings: list[bytes] = []
+        self.connection_values: list[bytes] = []
+        self.expect_continue = False
+        self.upgrade = False
+        self.upgrade_value: bytes | None = None
+        #: ``X-Activator-Forwarded`` lines (the hops between activators), in order.
+        self.forwarded: list[bytes] = []
+        #: Bytes the client sent after the head of an upgrade request (tunnel data).
+        self.tunnel_data = _NO_BYTES
+        self.keep_alive = True
+        self.framing = BodyFraming.NONE
+        #: Set when the head is fine for llhttp but refused by our rules.
+        self.refusal: ActivatorError | None = None
+        self.head_done = False
+        self.body: deque[bytes] = deque()
+        self.body_bytes = 0
+        self.body_done = False
+        self.body_error: ActivatorError | None = None
+        self.trailers: list[http.Header] = []
+        self.continue_sent = False
+        self.started = False
+        self.finished = False
+        self.response_framing = BodyFraming.NONE
+        self.close_after = False
+        self.status = 0
+        #: Body bytes actually handed to the kernel for the client.
+        self.bytes_sent = 0
+        self._head = _NO_BYTES
+
+    def __repr__(self) -> str:
+        return f"<H1Exchange {self.method} {self.target[:60]!r} HTTP/{self.version}>"
+
+    # -- the request -------------------------------------------------------------------
+
+    @property
+    def client_ip(self) -> str:
+        return self.conn.client_ip
+
+    @property
+    def scheme(self) -> str:
+        return self.conn.scheme
+
+    def read(self, size: int = RECV_SIZE) -> bytes:
+        """The next piece of the request body (at most ``size`` bytes); b"" at its end.
+
+        Raises the body's framing error (``ClientBodyError``, ``BodyTooLarge``),
+        ``ClientTimeout``, or ``ClientGone`` if the client closed mid-body. The first
+        read answers ``Expect: 100-continue``.
+        """
+        body = self.body
+        while not body:
+            if self.body_error is not None:
+                raise self.body_error
+            if self.body_done:
+                return _NO_BYTES
+            if self.expect_continue and not self.continue_sent:
+                self.continue_sent = True
+                if not self.started:
+                    self.conn.send(_CONTINUE)
+            self.conn.pump_body(self)
+        piece = body.popleft()
+        if len(piece) > size:
+            body.appendleft(piece[size:])
+            return piece[:size]
+        if body and len(piece) + len(body[0]) <= size:  # several pieces already here: one read
+            pieces = [piece]
+            taken = len(piece)
+            while body and taken + len(body[0]) <= size:
+                more = body.popleft()
+                pieces.append(more)
+                taken += len(more)
+            piece = b"".join(pieces)
+        return piece
+
+    def raise_known_error(self) -> None:
+        """Raise the body's error if the bytes already parsed show it (no socket read).
+
+        Called before the first byte goes to the pod: a request whose framing is broken
+        within what already arrived (the usual smuggling attempt, in one packet) reaches
+        no pod at all.
+        """
+        if self.body_error is not None and not self.body:
+            raise self.body_error
+
+    def buffered(self) -> bool:
+        """Whether body bytes (or its end, or an error) are here without reading the socket."""
+        return bool(self.body) or self.body_done or self.body_error is not None
+
+    def fileno(self) -> int:
+        return self.conn.sock.fileno()
+
+    # -- the response ------------------------------------------------------------------
+
+    def interim(self, status: int, reason: bytes, headers: list[http.Header]) -> None:
+        """Relay a pod's 1xx answer (before the final one); HTTP/1.0 clients never get one."""
+        if self.version == "1.1" and not self.started:
+            lower_names = [name.lower() for name, _ in headers]
+            lines = http.response_head_lines(headers, lower_names, BodyFraming.NONE)
+            self.conn.send(b"%s%s\r\n" % (http.status_line(status, reason), b"".join(lines)))
+
+    def start(
+        self, status: int, reason: bytes | None, lines: Sequence[bytes], framing: BodyFraming, close: bool = False
+    ) -> None:
+        """Begin the final response: the head is sent with the first ``write`` (or ``finish``).
+
+        ``lines``: header lines without framing or Connection lines (``core.http``);
+        ``framing`` says how the body goes out (``core.http.client_framing``).
+        """
+        self.started = True
+        self.status = status
+        self.response_framing = framing
+        close = close or self._must_close() or framing is BodyFraming.CLOSE
+        self.close_after = close
+        parts = [http.status_line(status, reason), *lines]
+        if framing is BodyFraming.CHUNKED:
+            parts.append(b"Transfer-Encoding: chunked\r\n")
+        if close:
+            parts.append(b"Connection: close\r\n")
+        elif self.version == "1.0":
+            parts.append(b"Connection: keep-alive\r\n")
+        parts.append(b"\r\n")
+        self._head = b"".join(parts)
+
+    def write(self, data: bytes) -> None:
+        """Send a piece of the body (with the head, the first time). Raises ClientGone."""
+        if not data:
+            return
+        framed = b"%x\r\n%s\r\n" % (len(data), data) if self.response_framing is BodyFraming.CHUNKED else data
+        head = self._head
+        if head:
+            self._head = _NO_BYTES
+            framed = head + framed
+        self.conn.send(framed)
+        self.bytes_sent += len(data)
+
+    def finish(self, trailers: Sequence[bytes] = ()) -> None:
+        """End the response (the last chunk and the trailers, for chunked)."""
+        if self.finished:
+            return
+        self.finished = True
+        tail = self._head
+        self._head = _NO_BYTES
+        if self.response_framing is BodyFraming.CHUNKED:
+            tail += b"0\r\n%s\r\n" % b"".join(trailers)
+        if tail:
+            self.conn.send(tail)
+
+    def answer(self, error: ActivatorError) -> None:
+        """Activator's own answer for ``error``; if the response already started, the
+        only honest signal left is cutting the connection."""
+        if self.started and not self._head:  # part of the pod's answer is out already
+            self.cut()
+            return
+        self._head = _NO_BYTES
+        close = error.closes_connection or self._must_close()
+        self.started = self.finished = True
+        self.status = error.status
+        self.close_after = close
+        self.conn.send(http.own_answer(error, close))
+
+    def cut(self) -> None:
+        """Abandon the response mid-way: the connection is closed without finishing it."""
+        self.started = self.finished = True
+        self.close_after = True
+        self.conn.cut = True
+
+    def _must_close(self) -> bool:
+        """Whether the connection cannot carry another request after this answer."""
+        if not self.keep_alive or self.conn.closing:
+            return True
+        if self.body_done:
+            return False
+        if self.body_error is not None or (self.expect_continue and not self.continue_sent):
+            return True
+        if self.framing is BodyFraming.LENGTH:  # the rest can be discarded if it is small
+            assert self.content_length is not None
+            return self.content_length - self.body_bytes > DRAIN_LIMIT
+        return True  # an unfinished chunked body: its length is unknown
+
+
+class H1Connection(deadlines.Watched):
+    """One client connection (see the module docstring). Used by one greenlet."""
+
+    def __init__(self, sock: Any, address: Any, client_timeout: float, max_header_bytes: int,
+                 max_body_bytes: int | None, scheme: str = "http") -> None:
+        super().__init__(sock)
+        self.client_ip = address[0] if isinstance(address, tuple) else str(address)
+        self.client_timeout = client_timeout
+        self.max_header_bytes = max_header_bytes
+        self.max_body_bytes = max_body_bytes
+        self.scheme = scheme
+        #: The connection ends after the current answer (set by the server when stopping).
+        self.closing = False
+        #: A response was abandoned mid-way: close without lingering.
+        self.cut = False
+        self._parser = httptools.HttpRequestParser(self)
+        self._ready: deque[H1Exchange] = deque()
+        self._current: H1Exchange | None = None  # the message being parsed
+        self._url_parts: list[bytes] = []
+        self._head_bytes = 0  # header section size so far (what max_header_bytes limits)
+        self._fed_in_head = 0  # bytes fed while a head was incomplete (memory backstop)
+        self._error: ActivatorError | None = None  # a refused head, after the ready ones
+        self._eof = False  # the client closed (or reset) its side
+        self._stopped = False  # nothing more is parsed (an error, or the limit backstop)
+        self._upgraded = False
+        self._in_head_wait = False  # a timeout now still lets us answer 408
+        # Raw bytes, for the checks llhttp leaves to us (the request line, the method).
+        self._feeding = _NO_BYTES  # the data being fed now
+        self._head_raw = _NO_BYTES  # the feeds since the current head began
+        self._at_boundary = True  # the feed began between two messages
+        self._completed_in_feed = 0
+        sock.settimeout(None)  # timeouts are deadlines (see ``deadlines``)
+        deadlines.sweeper().add(self)
+
+    def expire(self) -> None:
+        """A deadline passed: interrupt the wait (keeping the write side for a 408)."""
+        self.timed_out = True
+        try:
+            self.sock.shutdown(socket.SHUT_RD if self._in_head_wait else socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+    # -- llhttp callbacks (called from feed_data; they never yield) ------------------------
+
+    def on_message_begin(self) -> None:
+        self._head_raw = self._feeding  # where this head's request line is (see _check_request_line)
+        self._current = H1Exchange(self)
+        self._url_parts = []
+        self._head_bytes = 0
+        self._fed_in_head = 0
+
+    def on_url(self, url: bytes) -> None:
+        parts = self._url_parts
+        parts.append(url)
+        if len(parts) > 1 and sum(map(len, parts)) > MAX_TARGET or len(url) > MAX_TARGET:
+            raise RequestLineTooLong(f"request target over {MAX_TARGET} bytes")
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        exchange = self._current
+        assert exchange is not None
+        if exchange.head_done:  # a trailer of a chunked body
+            exchange.trailers.append((name, value))
+            return
+        exchange.headers.append((name, value))
+        lower = name.lower()
+        exchange.lower_names.append(lower)
+        self._head_bytes += len(name) + len(value) + 4
+        if self._head_bytes > self.max_header_bytes:
+            raise HeadersTooLarge(f"header section over {self.max_header_bytes} bytes")
+        if lower in _SPECIAL:
+            if lower == _HOST:
+                exchange.hosts.append(value)
+            elif lower == _CONTENT_LENGTH:
+                exchange.content_length = int(value)  # llhttp has validated it
+            elif lower == _TRANSFER_ENCODING:
+                exchange.transfer_encodings.append(value)
+            elif lower == _CONNECTION:
+                exchange.connection_values.append(value)
+            elif lower == _EXPECT:
+                exchange.expect_continue = value.lower() == b"100-continue"
+            elif lower == _UPGRADE:
+                exchange.upgrade_value = value
+            else:
+                exchange.forwarded.append(value)
+
+    def on_headers_complete(self) -> None:
+        exchange = self._current
+        assert exchange is not None
+        parser = self._parser
+        exchange.target = b"".join(self._url_parts) if len(self._url_parts) != 1 else self._url_parts[0]
+        method = _METHODS.get(parser.get_method())
+        if method is None:
+            method = _METHODS.setdefault(parser.get_method(), parser.get_method().decode("ascii"))
+        exchange.method = method
+        exchange.version = version = parser.get_http_version()
+        self._check_request_line(method, exchange.target, version)
+        exchange.keep_alive = parser.should_keep_alive()
+        exchange.upgrade = upgrade = method != "CONNECT" and parser.should_upgrade()
+        try:
+            exchange.framing, exchange.host = http.check_request_head(
+                version, method, exchange.target, exchange.hosts, exchange.content_length,
+                exchange.transfer_encodings, upgrade, self.max_body_bytes,
+            )
+        except ActivatorError as error:
+            if error.closes_connection:
+                raise  # stops the parser: nothing after this head is read as HTTP
+            exchange.refusal = error
+        exchange.head_done = True
+        if exchange.framing is BodyFraming.NONE:
+            exchange.body_done = True
+        self._ready.append(exchange)
+
+    def on_body(self, data: bytes) -> None:
+        exchange = self._current
+        assert exchange is not None
+        exchange.body.append(data)
+        exchange.body_bytes += len(data)
+        maximum = self.max_body_bytes
+        if maximum is not None and exchange.body_bytes > maximum:
+            raise BodyTooLarge(f"request body over max_body_bytes {maximum}")
+
+    def on_message_complete(self) -> None:
+        exchange = self._current
+        assert exchange is not None
+        exchange.body_done = True
+        self._current = None
+        self._completed_in_feed += 1
+
+    def _check_request_line(self, method: str, target: bytes, version: str) -> None:
+        """The request line as llhttp read it must be in the bytes as they came, exactly.
+
+        llhttp tolerates several spaces between the parts of a request line and a version
+        without digits it reads as 0.9; RFC 9112 asks for one SP. A head is in the bytes
+        of the feeds since its message began (``_head_raw``, which may begin with the end
+        of the message before it).
+        """
+        line = b"%s %s HTTP/%s\r\n" % (method.encode("ascii"), target, version.encode("ascii"))
+        if line not in self._head_raw:
+            raise BadRequest("malformed request line")
+
+    # -- reading ----------------------------------------------------------------------------
+
+    def next_exchange(self) -> H1Exchange | None:
+        """The next request, or None when the connection is done (EOF, idle timeout).
+
+        Raises the refusal of a head llhttp or our limits refused (the connection then
+        closes after the answer).
+        """
+        ready = self._ready
+        if not ready and self._error is None and not self._stopped and not self._upgraded:
+            self.deadline = time.monotonic() + self.client_timeout
+            self._in_head_wait = True
+            try:
+                while not ready and self._error is None and not self._stopped:
+                    if not self._pump():
+                        if self._current is not None:  # part of a head came, not all of it
+                            if self.timed_out:
+                                raise ClientTimeout("request head not received within client_timeout")
+                            raise BadRequest("the request head was cut short")
+                        return None  # the client left, or an idle keep-alive connection timed out
+            finally:
+                self.deadline = 0.0
+                self._in_head_wait = False
+        if ready:
+            return ready.popleft()
+        if self._error is not None:
+            error, self._error = self._error, None
+            self._stopped = True
+            raise error
+        return None
+
+    def pump_body(self, exchange: H1Exchange) -> None:
+        """Read more of ``exchange``'s body (it is the message being parsed)."""
+        if self._stopped:
+            exchange.body_error = ClientGone("client closed the connection before the body ended")
+            return
+        self.deadline = time.monotonic() + self.client_timeout
+        try:
+            more = self._pump()
+        finally:
+            self.deadline = 0.0
+        if not more and exchange.body_error is None:
+            if self.timed_out:
+                exchange.body_error = ClientTimeout("request body stalled for client_timeout")
+            else:
+                exchange.body_error = ClientGone("client closed the connection before the body ended")
+
+    def _pump(self) -> bool:
+        """One recv, fed to the parser. False at EOF (or a timeout: see ``timed_out``)."""
+        try:
+            data = self.sock.recv(RECV_SIZE)
+        except OSError:
+            self._eof = self._stopped = True
+            return False
+        if not data:
+            self._eof = self._stopped = True
+            return False
+        self._feed(data)
+        return True
+
+    def _feed(self, data: bytes) -> None:
+        current = self._current
+        if current is not None and not current.head_done:
+            self._head_raw += data  # a head that goes on from the previous feed
+        self._feeding = data
+        self._at_boundary = current is None
+        self._completed_in_feed = 0
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserUpgrade as upgrade:
+            self._upgraded = True
+            offset = upgrade.args[0]
+            exchange = self._ready[-1] if self._ready else None
+            if exchange is not None:
+                exchange.tunnel_data = data[offset:]
+            return
+        except httptools.HttpParserError as error:
+            self._stopped = True  # llhttp is in an error state: nothing more is parsed
+            self._parse_failed(error)
+            return
+        current = self._current
+        if current is not None and not current.head_done:
+            self._fed_in_head += len(data)
+            if self._fed_in_head > self.max_header_bytes + RECV_SIZE:
+                self._stopped = True
+                self._error = HeadersTooLarge(f"header section over {self.max_header_bytes} bytes")
+
+    def _parse_failed(self, error: httptools.HttpParserError) -> None:
+        cause = error.__context__
+        ours = cause if isinstance(cause, ActivatorError) else None
+        current = self._current
+        if current is not None and current.head_done:
+            # In the body: its framing is broken (or it grew past the limit).
+            current.body_error = ours or ClientBodyError(f"request body: {error}")
+            return
+        if ours is not None:
+            self._error = ours
+        elif isinstance(error, httptools.HttpParserInvalidMethodError):
+            self._error = self._method_refusal()
+        elif isinstance(error, httptools.HttpParserInvalidURLError):
+            self._error = MalformedTarget(str(error))
+        else:
+            self._error = http.refusal_of_head(str(error))
+
+    def _method_refusal(self) -> ActivatorError:
+        """501 for a well-formed method llhttp does not know, 400 for a malformed line.
+
+        Only told apart when the failing request line starts this feed (the usual case: it
+        is the first thing the client sent, or it came on its own): then its first word is
+        in plain view.
+        """
+        if self._at_boundary and not self._completed_in_feed:
+            if _METHOD_THEN_SPACE.match(self._feeding):
+                return UnsupportedMethod("a method llhttp does not know")
+        return BadRequest("malformed request line")
+
+    # -- after an answer ------------------------------------------------------------------
+
+    def settle(self, exchange: H1Exchange) -> bool:
+        """After ``exchange``'s answer: whether the connection carries another request.
+
+        Discards what is left of its body when that is small enough and intact.
+        """
+        if exchange.close_after or self.cut or self.closing or not exchange.keep_alive:
+            return False
+        drained = 0
+        while not exchange.body_done:
+            if exchange.body_error is not None or drained > DRAIN_LIMIT:
+                return False
+            while exchange.body:
+                drained += len(exchange.body.popleft())
+            if not exchange.body_done:
+                self.pump_body(exchange)
+        return exchange.body_error is None and not self._upgraded
+
+    # -- writing ----------------------------------------------------------------------------
+
+    def send(self, data: bytes) -> None:
+        """Hand ``data`` to the kernel (one send when it fits). Raises ClientGone."""
+        sock = self.sock
+        try:
+            sent = sock.send(data)
+            if sent < len(data):
+                self.deadline = time.monotonic() + self.client_timeout
+                try:
+                    sock.sendall(memoryview(data)[sent:])
+                finally:
+                    self.deadline = 0.0
+        except (OSError, ValueError) as error:
+            self.cut = True
+            raise ClientGone(f"writing to the client failed: {error!r}") from None
+
+    def close(self) -> None:
+        """Close the socket. When we end a connection the client has not closed (and whose
+        answer was complete), linger first, so that the answer is not lost to a reset."""
+        sock = self.sock
+        deadlines.sweeper().discard(self)
+        try:
+            if not self._eof and not self.cut and not self.timed_out:
+                linger(sock)
+        finally:
+            sock.close()
+
+
+def linger(sock: Any, seconds: float = LINGER_SECONDS, limit: int = LINGER_BYTES) -> None:
+    """Shut our side and read (and drop) what the client still sends, briefly.
+
+    Closing with unread data makes the kernel send a reset, which can overtake the
+    answer just written; this lets the client read it first. (A socket timeout here: the
+    connection is ending, a timer for one last wait is fine.)
+    """
+    try:
+        sock.shutdown(socket.SHUT_WR)
+        sock.settimeout(seconds)
+        deadline = time.monotonic() + seconds
+        drained = 0
+        while drained < limit and time.monotonic() < deadline:
+            data = sock.recv(16384)
+            if not data:
+                break
+            drained += len(data)
+    except OSError:
+        pass
