@@ -6,13 +6,19 @@ output in ``bench/out/work/<scenario>/``; ``Procs.stop_all`` ends exactly the
 processes the bench started (SIGTERM to their group, SIGKILL after a grace).
 
 Pinning (``taskset``, only with >= 2 CPUs): the process under test (activator,
-HAProxy, the Falcon hello app) on cpu1; nginx, the backend pods, wrk and the Python
-load generator on cpu0. The "workers" scenario runs unpinned.
+HAProxy, the Falcon hello app, the minimal forwarder) on cpu1; nginx, the backend pods,
+wrk and the Python load generator on cpu0. The "workers" scenario runs unpinned.
+
+Two activators can be measured in one run: this tree (``python -m activator``, or
+``$ACTIVATOR_BIN``) and the previous engine, activator at an earlier commit (``--baseline``)
+checked out by the bench in a git worktree under the run's work directory, made on first
+use and removed at the end of the run.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import resource
@@ -26,15 +32,19 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Self
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
 OUT = BENCH / "out"
 PYTHON = sys.executable
 BACKEND = ROOT / "tests" / "backend.py"
+#: The previous engine's commit: the last one before the HTTP engine work (``--baseline``).
+BASELINE_COMMIT = "26dbad7"
 
 # urllib without any proxy from the environment: everything here is loopback.
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -52,6 +62,7 @@ class Ctx:
     notes: list[str] = field(default_factory=list)
     pinning: bool = True
     rt: bool = False  # real-time priority available for the latency measurements
+    baseline: Baseline | None = None  # the previous engine, when the run has one
 
     def dur(self, full: float, quick: float) -> float:
         return quick if self.quick else full
@@ -84,7 +95,8 @@ def find_tools(install: bool = True) -> tuple[dict[str, str | None], list[str]]:
 
     def where(name: str) -> str | None:
         return shutil.which(name) or next(
-            (p for p in (f"/usr/sbin/{name}", f"/usr/bin/{name}") if os.access(p, os.X_OK)), None)
+            (p for p in (f"/usr/sbin/{name}", f"/usr/bin/{name}") if os.access(p, os.X_OK)), None
+        )
 
     missing = [pkg for name, pkg in wanted.items() if where(name) is None]
     if missing and install:
@@ -95,12 +107,14 @@ def find_tools(install: bool = True) -> tuple[dict[str, str | None], list[str]]:
         else:
             log(f"installing {' '.join(missing)} with apt-get")
             env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-            r = subprocess.run(["apt-get", "install", "-y", "--no-install-recommends", *missing],
-                               env=env, capture_output=True, text=True)
-            if r.returncode != 0:
-                subprocess.run(["apt-get", "update", "-qq"], env=env, capture_output=True)
-                r = subprocess.run(["apt-get", "install", "-y", "--no-install-recommends", *missing],
-                                   env=env, capture_output=True, text=True)
+
+            def apt_get(*args: str) -> subprocess.CompletedProcess[str]:
+                return subprocess.run(["apt-get", *args], env=env, capture_output=True, text=True, check=False)
+
+            r = apt_get("install", "-y", "--no-install-recommends", *missing)
+            if r.returncode != 0:  # stale package lists: refresh them once, then try again
+                apt_get("update", "-qq")
+                r = apt_get("install", "-y", "--no-install-recommends", *missing)
             if r.returncode != 0:
                 notes.append(f"apt-get install {' '.join(missing)} failed: {r.stderr.strip()[-300:]}")
     tools: dict[str, str | None] = {name: where(name) for name in wanted}
@@ -116,7 +130,7 @@ def find_tools(install: bool = True) -> tuple[dict[str, str | None], list[str]]:
 def tool_versions(tools: dict[str, str | None]) -> dict[str, str]:
     def first_line(cmd: list[str]) -> str:
         try:
-            r = subprocess.run(cmd, capture_output=True, text=True, timeout=10)
+            r = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=10)
         except (OSError, subprocess.TimeoutExpired):
             return "?"
         text = (r.stdout + r.stderr).strip().splitlines()
@@ -155,7 +169,7 @@ def rt_available() -> bool:
     if shutil.which("chrt") is None:
         return False
     try:
-        return subprocess.run(["chrt", "-r", "1", "true"], capture_output=True).returncode == 0
+        return subprocess.run(["chrt", "-r", "1", "true"], capture_output=True, check=False).returncode == 0
     except OSError:
         return False
 
@@ -168,7 +182,20 @@ def set_rt(pids: Iterable[int], on: bool) -> None:
     for pid in pids:
         for p in [pid, *children_of(pid)]:
             cmd = ["chrt", "-a", "-r", "-p", "1", str(p)] if on else ["chrt", "-a", "-o", "-p", "0", str(p)]
-            subprocess.run(cmd, capture_output=True)
+            subprocess.run(cmd, capture_output=True, check=False)
+
+
+@contextmanager
+def realtime(ctx: Ctx, pids: Iterable[int]) -> Iterator[None]:
+    """SCHED_RR for these processes while the block runs (when available), normal priority after."""
+    pids = list(pids)
+    if ctx.rt:
+        set_rt(pids, True)
+    try:
+        yield
+    finally:
+        if ctx.rt:
+            set_rt(pids, False)
 
 
 def rt_prefix(ctx: Ctx, rt: bool) -> list[str]:
@@ -187,9 +214,11 @@ def pin(ctx: Ctx, role: str) -> list[str]:
 def pin_text(ctx: Ctx) -> str:
     if not pin(ctx, "proxy"):
         return "no pinning (fewer than 2 CPUs or no taskset)"
-    return (f"proxy under test (activator / HAProxy / Falcon hello) on cpu{pin(ctx, 'proxy')[-1]}; "
-            f"nginx, backend pods, wrk and the Python load generator on cpu{pin(ctx, 'load')[-1]}; "
-            "the workers scenario unpinned")
+    return (
+        f"proxy under test (activator / HAProxy / Falcon hello / forwarder) on cpu{pin(ctx, 'proxy')[-1]}; "
+        f"nginx, backend pods, wrk and the Python load generator on cpu{pin(ctx, 'load')[-1]}; "
+        "the workers scenario unpinned"
+    )
 
 
 # ---------------------------------------------------------------------------------------
@@ -202,8 +231,7 @@ def free_port(kind: int = socket.SOCK_STREAM) -> int:
         return s.getsockname()[1]
 
 
-def http_get(url: str, timeout: float = 2.0, host: str | None = None,
-             method: str = "GET") -> tuple[int, bytes]:
+def http_get(url: str, timeout: float = 2.0, host: str | None = None, method: str = "GET") -> tuple[int, bytes]:
     req = urllib.request.Request(url, method=method)
     if host:
         req.add_header("Host", host)
@@ -221,8 +249,13 @@ def http_json(url: str, timeout: float = 5.0, method: str = "GET") -> Any:
     return json.loads(body)
 
 
-def wait_http(url: str, timeout: float = 20.0, proc: subprocess.Popen | None = None,
-              ok: Iterable[int] = (200,), host: str | None = None) -> None:
+def wait_http(
+    url: str,
+    timeout: float = 20.0,
+    proc: subprocess.Popen | None = None,
+    ok: Iterable[int] = (200,),
+    host: str | None = None,
+) -> None:
     deadline = time.monotonic() + timeout
     last: object = None
     while time.monotonic() < deadline:
@@ -319,8 +352,15 @@ class Procs:
     def alive(self, proc: Proc) -> bool:
         return proc.popen.poll() is None
 
-    def start(self, name: str, cmd: Sequence[str], role: str | None = None,
-              env: dict[str, str] | None = None, stdout_to: Path | None = None) -> Proc:
+    def start(
+        self,
+        name: str,
+        cmd: Sequence[str],
+        role: str | None = None,
+        env: dict[str, str] | None = None,
+        stdout_to: Path | None = None,
+        cwd: Path = ROOT,
+    ) -> Proc:
         prefix = pin(self.ctx, role) if role else []
         out = stdout_to or self.dir / f"{name}.out"
         err = self.dir / f"{name}.err"
@@ -329,8 +369,15 @@ class Procs:
         if env:
             full_env.update(env)
         with open(out, "wb") as fout, open(err, "wb") as ferr:
-            popen = subprocess.Popen([*prefix, *cmd], stdout=fout, stderr=ferr, stdin=subprocess.DEVNULL,
-                                     env=full_env, cwd=str(ROOT), start_new_session=True)
+            popen = subprocess.Popen(
+                [*prefix, *cmd],
+                stdout=fout,
+                stderr=ferr,
+                stdin=subprocess.DEVNULL,
+                env=full_env,
+                cwd=str(cwd),
+                start_new_session=True,
+            )
         proc = Proc(name, popen, out, err)
         self.procs.append(proc)
         return proc
@@ -338,8 +385,10 @@ class Procs:
     def stop(self, proc: Proc, sig: int = signal.SIGTERM, grace: float = 5.0) -> None:
         rc = proc.popen.poll()
         if rc is not None:  # it should still be running: say so in the results
-            self.ctx.note(f"{self.dir.name}: {proc.name} (pid {proc.pid}) had exited on its own before the end of "
-                          f"its scenario, exit status {rc}; see {proc.stderr.relative_to(ROOT)}")
+            self.ctx.note(
+                f"{self.dir.name}: {proc.name} (pid {proc.pid}) had exited on its own before the end of "
+                f"its scenario, exit status {rc}; see {proc.stderr.relative_to(ROOT)}"
+            )
         if rc is None:
             try:
                 os.killpg(proc.pid, sig)
@@ -365,18 +414,111 @@ class Procs:
         for proc in list(reversed(self.procs)):
             self.stop(proc)
 
-    def __enter__(self) -> Procs:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.stop_all()
 
 
-def activator_cmd(config: Path) -> list[str]:
+# ---------------------------------------------------------------------------------------
+# which activator
+
+
+@dataclass
+class Build:
+    """An activator to run: the command before ``run -c CONFIG``, with its environment and directory."""
+
+    label: str
+    cmd: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    cwd: Path = ROOT
+
+
+def this_tree() -> Build:
     custom = os.environ.get("ACTIVATOR_BIN")
-    if custom:
-        return [*shlex.split(custom), "run", "-c", str(config)]
-    return [PYTHON, "-m", "activator", "run", "-c", str(config)]
+    return Build("activator (this tree)", shlex.split(custom) if custom else [PYTHON, "-m", "activator"])
+
+
+def _git(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True, check=False, timeout=120)
+
+
+class Baseline:
+    """activator at an earlier commit (the previous engine), run from a git worktree of this repository.
+
+    Its dependencies are the venv's (the old engine's geventhttpclient included). It runs
+    as ``python -m activator`` with the worktree as its working directory (``-m`` puts the
+    working directory first on sys.path) and on ``PYTHONPATH`` (ahead of the venv's
+    editable install of this tree); that the worktree's package is the one imported is
+    checked before it is used."""
+
+    def __init__(self, commit: str, path: Path) -> None:
+        self.commit = commit
+        self.path = path
+        self.build: Build | None = None
+        self.failure: str | None = None  # why it could not be had; then it is not tried again
+
+    def get(self, ctx: Ctx) -> Build | None:
+        """The build, the worktree made on the first call; None (and a run note) when it cannot be had."""
+        if self.build is None and self.failure is None:
+            try:
+                self.build = self._make()
+            except (OSError, RuntimeError, subprocess.TimeoutExpired) as exc:
+                self.failure = str(exc)
+                ctx.note(f"previous engine ({self.commit}) not available, its rows are left out: {exc}")
+        return self.build
+
+    def _make(self) -> Build:
+        sha = _git("rev-parse", "--verify", "--short", f"{self.commit}^{{commit}}")
+        if sha.returncode != 0:
+            raise RuntimeError(f"git rev-parse {self.commit}: {sha.stderr.strip()}")
+        short = sha.stdout.strip()
+        # --force: a worktree left registered by a run that died (its directory went with
+        # the work directory) is taken over instead of refused
+        added = _git("worktree", "add", "--force", "--detach", str(self.path), short)
+        if added.returncode != 0:
+            raise RuntimeError(f"git worktree add: {added.stderr.strip()}")
+        build = Build(
+            f"activator (previous engine, {short})",
+            [PYTHON, "-m", "activator"],
+            {"PYTHONPATH": str(self.path)},
+            self.path,
+        )
+        probe = subprocess.run(
+            [PYTHON, "-c", "import activator; print(activator.__file__)"],
+            cwd=str(self.path),
+            env=dict(os.environ, **build.env),
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=60,
+        )
+        imported = Path(probe.stdout.strip() or "?").resolve()
+        if self.path.resolve() not in imported.parents:
+            raise RuntimeError(f"the worktree's activator is not the one imported ({imported}): {probe.stderr[-300:]}")
+        log(f"previous engine: {build.label} from {self.path.relative_to(ROOT)}")
+        return build
+
+    def start(self, procs: Procs, name: str, services: dict[str, dict[str, Any]], **options: Any) -> Activator | None:
+        """The previous engine with this config, once ready (``start_activator``'s options); None and a run
+        note when it cannot be had or does not start (e.g. a dependency of the old engine missing from the
+        venv): its rows are then left out and the scenario goes on, and it is not tried again."""
+        build = self.get(procs.ctx)
+        if build is None:
+            return None
+        try:
+            return start_activator(procs, name, services, build=build, **options)
+        except RuntimeError as exc:
+            lines = (procs.dir / f"{name}.err").read_text(errors="replace").strip().splitlines()
+            self.build, self.failure = None, f"{exc}: {lines[-1] if lines else 'no output'}"
+            procs.ctx.note(f"{build.label} did not start, its rows are left out: {self.failure}")
+            return None
+
+    def remove(self) -> None:
+        if self.path.exists():
+            _git("worktree", "remove", "--force", str(self.path))
+            shutil.rmtree(self.path, ignore_errors=True)
 
 
 # ---------------------------------------------------------------------------------------
@@ -387,9 +529,16 @@ def yaml_list(items: Iterable[str]) -> str:
     return "[" + ", ".join(json.dumps(i) for i in items) + "]"
 
 
-def activator_yaml(port: int, admin: int, services: dict[str, dict[str, Any]], *,
-                   access_log: bool = False, workers: int = 1, statsd: str | None = None,
-                   max_connections: int = 10000) -> str:
+def activator_yaml(
+    port: int,
+    admin: int,
+    services: dict[str, dict[str, Any]],
+    *,
+    access_log: bool = False,
+    workers: int = 1,
+    statsd: str | None = None,
+    max_connections: int = 10000,
+) -> str:
     """A config text. services: name -> {hosts, cc, queue_depth, pods (list of str or dict), ...}."""
     lines = [
         f"listen: 127.0.0.1:{port}",
@@ -437,34 +586,63 @@ class Activator:
     port: int
     admin: int
     config: Path
+    label: str  # which activator: its build's label
 
     def status(self) -> Any:
         return http_json(f"http://127.0.0.1:{self.admin}/status")
 
 
-def start_activator(procs: Procs, name: str, services: dict[str, dict[str, Any]], *,
-                    role: str | None = "proxy", access_log: bool = False, workers: int = 1,
-                    statsd: str | None = None, max_connections: int = 10000,
-                    env: dict[str, str] | None = None, ready_timeout: float = 30.0) -> Activator:
+def start_activator(
+    procs: Procs,
+    name: str,
+    services: dict[str, dict[str, Any]],
+    *,
+    role: str | None = "proxy",
+    access_log: bool = False,
+    workers: int = 1,
+    statsd: str | None = None,
+    max_connections: int = 10000,
+    env: dict[str, str] | None = None,
+    ready_timeout: float = 30.0,
+    build: Build | None = None,
+) -> Activator:
+    """An activator (this tree unless ``build`` says otherwise) with this config, once ready."""
+    build = build or this_tree()
     port, admin = free_port(), free_port()
     config = procs.dir / f"{name}.yaml"
-    write_atomic(config, activator_yaml(port, admin, services, access_log=access_log, workers=workers,
-                                        statsd=statsd, max_connections=max_connections))
-    proc = procs.start(name, activator_cmd(config), role=role, env=env)
+    write_atomic(
+        config,
+        activator_yaml(
+            port,
+            admin,
+            services,
+            access_log=access_log,
+            workers=workers,
+            statsd=statsd,
+            max_connections=max_connections,
+        ),
+    )
+    proc = procs.start(
+        name, [*build.cmd, "run", "-c", str(config)], role=role, env={**build.env, **(env or {})}, cwd=build.cwd
+    )
     wait_http(f"http://127.0.0.1:{admin}/readyz", ready_timeout, proc.popen)
-    return Activator(proc, port, admin, config)
+    return Activator(proc, port, admin, config, build.label)
 
 
-def start_nginx(procs: Procs, name: str = "nginx", *, any_address: bool = False,
-                role: str | None = "load") -> tuple[Proc, int]:
+def start_nginx(
+    procs: Procs, name: str = "nginx", *, any_address: bool = False, role: str | None = "load"
+) -> tuple[Proc, int]:
     """nginx answering every request with 200 "hello" (5 bytes), one worker, keep-alive forever."""
     nginx = procs.ctx.tools.get("nginx")
     if nginx is None:  # fallback: the gevent test pod (much slower than nginx; noted in the results)
         if "nginx missing: tests/backend.py stands in for it" not in procs.ctx.notes:
             procs.ctx.note("nginx missing: tests/backend.py stands in for it")
         port = free_port()
-        proc = procs.start(name, [PYTHON, str(BACKEND), "--port", str(port), "--host",
-                                  "0.0.0.0" if any_address else "127.0.0.1"], role=role)
+        proc = procs.start(
+            name,
+            [PYTHON, str(BACKEND), "--port", str(port), "--host", "0.0.0.0" if any_address else "127.0.0.1"],
+            role=role,
+        )
         wait_http(f"http://127.0.0.1:{port}/_stats", 15, proc.popen)
         return proc, port
     port = free_port()
@@ -497,8 +675,11 @@ http {{
 }}
 """
     (prefix / "nginx.conf").write_text(conf)
-    proc = procs.start(name, [nginx, "-p", str(prefix), "-c", str(prefix / "nginx.conf"), "-e",
-                              str(prefix / "logs" / "error.log")], role=role)
+    proc = procs.start(
+        name,
+        [nginx, "-p", str(prefix), "-c", str(prefix / "nginx.conf"), "-e", str(prefix / "logs" / "error.log")],
+        role=role,
+    )
     wait_http(f"http://127.0.0.1:{port}/", 10, proc.popen)
     return proc, port
 
@@ -511,21 +692,50 @@ def start_backend(procs: Procs, name: str, role: str | None = "load") -> tuple[P
     return proc, port
 
 
-def start_hello(procs: Procs, name: str = "hello", strict: bool = False) -> tuple[Proc, int]:
+def start_hello(procs: Procs, name: str = "hello") -> tuple[Proc, int]:
     port = free_port()
-    cmd = [PYTHON, "-m", "bench.hello_app", "--port", str(port)] + (["--strict"] if strict else [])
-    proc = procs.start(name, cmd, role="proxy")
+    proc = procs.start(name, [PYTHON, "-m", "bench.hello_app", "--port", str(port)], role="proxy")
     wait_http(f"http://127.0.0.1:{port}/", 15, proc.popen)
     return proc, port
 
 
-def haproxy_cfg(port: int, servers: Sequence[tuple[str, str]], *, maxconn: int, balance: str,
-                log_port: int | None = None, queue_timeout: str = "30s", global_maxconn: int = 9000) -> str:
+def start_forwarder(procs: Procs, upstream: int, name: str = "forwarder") -> tuple[Proc, int]:
+    """bench/forwarder.py in front of 127.0.0.1:upstream, once a request went through it."""
+    port = free_port()
+    proc = procs.start(
+        name,
+        [PYTHON, "-m", "bench.forwarder", "--port", str(port), "--upstream", f"127.0.0.1:{upstream}"],
+        role="proxy",
+    )
+    wait_http(f"http://127.0.0.1:{port}/", 15, proc.popen)
+    return proc, port
+
+
+def start_twowrite_pod(
+    procs: Procs, name: str, *, one_write: bool = False, nodelay: bool = False, role: str | None = "load"
+) -> tuple[Proc, int]:
+    """bench/twowrite_pod.py: two sends per response without TCP_NODELAY, unless told otherwise."""
+    port = free_port()
+    cmd = [PYTHON, "-m", "bench.twowrite_pod", "--port", str(port)]
+    proc = procs.start(name, cmd + ["--one-write"] * one_write + ["--nodelay"] * nodelay, role=role)
+    wait_http(f"http://127.0.0.1:{port}/_stats", 15, proc.popen)
+    return proc, port
+
+
+def haproxy_cfg(
+    port: int,
+    servers: Sequence[tuple[str, str]],
+    *,
+    maxconn: int,
+    balance: str,
+    log_port: int | None = None,
+    queue_timeout: str = "30s",
+    global_maxconn: int = 9000,
+) -> str:
     """HAProxy equivalent of an activator service: per-server maxconn, backend queue,
     keep-alive and connection reuse towards the servers, the same X-Forwarded-* headers."""
     log_global = f"  log 127.0.0.1:{log_port} len 4096 local0\n" if log_port else ""
-    log_defaults = ("  log global\n  log-format \"BENCH Tw=%Tw Tc=%Tc Tr=%Tr Ta=%Ta st=%ST srv=%s\"\n"
-                    if log_port else "")
+    log_defaults = '  log global\n  log-format "BENCH Tw=%Tw Tc=%Tc Tr=%Tr Ta=%Ta st=%ST srv=%s"\n' if log_port else ""
     server_lines = "".join(f"  server {name} {addr} maxconn {maxconn}\n" for name, addr in servers)
     return f"""global
   maxconn {global_maxconn}
@@ -558,17 +768,28 @@ class HAProxy:
     config: Path
 
 
-def start_haproxy(procs: Procs, name: str, servers: Sequence[tuple[str, str]], *, maxconn: int,
-                  balance: str, log_port: int | None = None, master_worker: bool = False,
-                  role: str | None = "proxy", global_maxconn: int = 9000) -> HAProxy:
+def start_haproxy(
+    procs: Procs,
+    name: str,
+    servers: Sequence[tuple[str, str]],
+    *,
+    maxconn: int,
+    balance: str,
+    log_port: int | None = None,
+    master_worker: bool = False,
+    role: str | None = "proxy",
+    global_maxconn: int = 9000,
+) -> HAProxy:
     haproxy = procs.ctx.tools.get("haproxy")
     if haproxy is None:
         raise RuntimeError("haproxy not available")
     port = free_port()
     cfg = procs.dir / f"{name}.cfg"
-    write_atomic(cfg, haproxy_cfg(port, servers, maxconn=maxconn, balance=balance, log_port=log_port,
-                                  global_maxconn=global_maxconn))
-    check = subprocess.run([haproxy, "-c", "-f", str(cfg)], capture_output=True, text=True)
+    write_atomic(
+        cfg,
+        haproxy_cfg(port, servers, maxconn=maxconn, balance=balance, log_port=log_port, global_maxconn=global_maxconn),
+    )
+    check = subprocess.run([haproxy, "-c", "-f", str(cfg)], capture_output=True, text=True, check=False)
     if check.returncode != 0:
         raise RuntimeError(f"haproxy config invalid: {check.stdout}{check.stderr}")
     cmd = [haproxy, "-W", "-db", "-f", str(cfg)] if master_worker else [haproxy, "-db", "-f", str(cfg)]
@@ -605,10 +826,8 @@ class WrkResult:
     raw: str
     cpu_us: float = float("nan")  # CPU time of the measured processes per request
 
-
     def row(self) -> dict[str, Any]:
-        return {"rps": self.rps, "p50_ms": self.p50_ms, "p99_ms": self.p99_ms,
-                "errors": self.errors + self.non2xx}
+        return {"rps": self.rps, "p50_ms": self.p50_ms, "p99_ms": self.p99_ms, "errors": self.errors + self.non2xx}
 
 
 _UNIT = {"us": 0.001, "ms": 1.0, "s": 1000.0, "m": 60000.0}
@@ -621,9 +840,18 @@ def _ms(text: str) -> float:
     return float(m.group(1)) * _UNIT[m.group(2)]
 
 
-def run_wrk(ctx: Ctx, port: int, seconds: float, *, connections: int = 50, threads: int = 1,
-            host: str = "bench", path: str = "/", role: str | None = "load",
-            cpu_pids: Sequence[int] = ()) -> WrkResult:
+def run_wrk(
+    ctx: Ctx,
+    port: int,
+    seconds: float,
+    *,
+    connections: int = 50,
+    threads: int = 1,
+    host: str = "bench",
+    path: str = "/",
+    role: str | None = "load",
+    cpu_pids: Sequence[int] = (),
+) -> WrkResult:
     """wrk against 127.0.0.1:port; with cpu_pids, also their CPU time per request."""
     cpu0 = cpu_seconds(cpu_pids) if cpu_pids else 0.0
     result = _run_wrk(ctx, port, seconds, connections=connections, threads=threads, host=host, path=path, role=role)
@@ -632,30 +860,63 @@ def run_wrk(ctx: Ctx, port: int, seconds: float, *, connections: int = 50, threa
     return result
 
 
-def _run_wrk(ctx: Ctx, port: int, seconds: float, *, connections: int, threads: int,
-             host: str, path: str, role: str | None) -> WrkResult:
+def _run_wrk(
+    ctx: Ctx, port: int, seconds: float, *, connections: int, threads: int, host: str, path: str, role: str | None
+) -> WrkResult:
     wrk = ctx.tools.get("wrk")
     url = f"http://127.0.0.1:{port}{path}"
     if wrk is None:  # fallback: the Python closed-loop generator
-        res = run_loadgen(ctx, ["closed", "--port", str(port), "--path", path, "--host-header", host,
-                                "--clients", str(connections), "--duration", str(seconds)], role=role)
+        res = run_loadgen(
+            ctx,
+            [
+                "closed",
+                "--port",
+                str(port),
+                "--path",
+                path,
+                "--host-header",
+                host,
+                "--clients",
+                str(connections),
+                "--duration",
+                str(seconds),
+            ],
+            role=role,
+        )
         lat = [d - s for s, d, st in zip(res["sent"], res["done"], res["status"]) if st]
         ok = sum(1 for st in res["status"] if 200 <= st < 300)
-        return WrkResult(len(lat) / seconds, pct(lat, 50) * 1000, pct(lat, 99) * 1000, len(lat),
-                         sum(1 for st in res["status"] if st == 0), len(lat) - ok, "python loadgen")
-    cmd = [*(pin(ctx, role) if role else []), wrk, f"-t{threads}", f"-c{connections}",
-           f"-d{max(1, round(seconds))}s", "--latency", "-H", f"Host: {host}", url]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 60)
+        return WrkResult(
+            len(lat) / seconds,
+            pct(lat, 50) * 1000,
+            pct(lat, 99) * 1000,
+            len(lat),
+            sum(1 for st in res["status"] if st == 0),
+            len(lat) - ok,
+            "python loadgen",
+        )
+    cmd = [
+        *(pin(ctx, role) if role else []),
+        wrk,
+        f"-t{threads}",
+        f"-c{connections}",
+        f"-d{max(1, round(seconds))}s",
+        "--latency",
+        "-H",
+        f"Host: {host}",
+        url,
+    ]
+    r = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=seconds + 60)
     out = r.stdout
-    rps = float(re.search(r"Requests/sec:\s+([0-9.]+)", out).group(1)) if "Requests/sec" in out else 0.0
-    lat = dict(re.findall(r"^\s+(50|75|90|99)%\s+(\S+)", out, re.M))
+    rate = re.search(r"Requests/sec:\s+([0-9.]+)", out)
+    rps = float(rate.group(1)) if rate else 0.0
+    percentiles = dict(re.findall(r"^\s+(50|75|90|99)%\s+(\S+)", out, re.MULTILINE))
     reqs = re.search(r"(\d+) requests in", out)
     errs = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", out)
     non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
     return WrkResult(
         rps=rps,
-        p50_ms=_ms(lat.get("50", "nan")),
-        p99_ms=_ms(lat.get("99", "nan")),
+        p50_ms=_ms(percentiles.get("50", "nan")),
+        p99_ms=_ms(percentiles.get("99", "nan")),
         requests=int(reqs.group(1)) if reqs else 0,
         errors=sum(int(x) for x in errs.groups()) if errs else 0,
         non2xx=int(non2xx.group(1)) if non2xx else 0,
@@ -667,11 +928,12 @@ def loadgen_cmd(args: Sequence[str]) -> list[str]:
     return [PYTHON, "-m", "bench.loadgen", *args]
 
 
-def run_loadgen(ctx: Ctx, args: Sequence[str], role: str | None = "load",
-                timeout: float = 600, rt: bool = False) -> dict[str, Any]:
+def run_loadgen(
+    ctx: Ctx, args: Sequence[str], role: str | None = "load", timeout: float = 600, rt: bool = False
+) -> dict[str, Any]:
     out = ctx.work / f"loadgen-{time.monotonic_ns()}.json"
     cmd = [*rt_prefix(ctx, rt), *(pin(ctx, role) if role else []), *loadgen_cmd([*args, "--out", str(out)])]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=str(ROOT))
+    r = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=timeout, cwd=str(ROOT))
     if r.returncode != 0:
         raise RuntimeError(f"loadgen failed ({r.returncode}): {r.stderr[-2000:]}")
     data = json.loads(out.read_text())
@@ -679,10 +941,71 @@ def run_loadgen(ctx: Ctx, args: Sequence[str], role: str | None = "load",
     return data
 
 
-def start_loadgen(ctx: Ctx, args: Sequence[str], out: Path, role: str | None = "load",
-                  rt: bool = False) -> subprocess.Popen:
+def start_loadgen(
+    ctx: Ctx, args: Sequence[str], out: Path, role: str | None = "load", rt: bool = False
+) -> subprocess.Popen:
     cmd = [*rt_prefix(ctx, rt), *(pin(ctx, role) if role else []), *loadgen_cmd([*args, "--out", str(out)])]
     return subprocess.Popen(cmd, cwd=str(ROOT), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def saturate(
+    ctx: Ctx, procs: Procs, targets: Sequence[tuple[str, int, Proc]], seconds: float, rounds: int, what: str
+) -> dict[str, list[WrkResult]]:
+    """wrk -t1 -c50 on every (name, port, process) in interleaved rounds, with that process's
+    CPU time per request; in full mode a one-second warm-up of each first (connections
+    open, code paths hot). A target whose process died is left out from then on (its
+    stop notes it), never counted as 0 req/s."""
+    if not ctx.quick:
+        for _name, port, _proc in targets:
+            run_wrk(ctx, port, 1)
+    results: dict[str, list[WrkResult]] = {}
+    for r in range(rounds):
+        for name, port, proc in targets:
+            if not procs.alive(proc):
+                continue
+            log(f"{what}: wrk -t1 -c50 {seconds:g}s, {name}, round {r + 1}/{rounds}")
+            w = run_wrk(ctx, port, seconds, cpu_pids=[proc.pid])
+            if procs.alive(proc):
+                results.setdefault(name, []).append(w)
+    return results
+
+
+def median_of(results: dict[str, list[WrkResult]], name: str, attr: str) -> float:
+    """The median over rounds of one WrkResult attribute; nan when the target has no rounds."""
+    return median([getattr(w, attr) for w in results.get(name, [])])
+
+
+def open_loop(ctx: Ctx, port: int, seconds: float, warmup: float, rt: bool, shape: Sequence[str]) -> dict[str, Any]:
+    """1,000 req/s open loop (bench.loadgen open with the ``shape`` arguments) for warmup +
+    seconds; what was scheduled after the warm-up: latency from the scheduled send time
+    ("lat") and from the actual send ("svc"), in ms, failures and the achieved rate."""
+    res = run_loadgen(
+        ctx, ["open", "--port", str(port), "--rate", "1000", "--duration", str(seconds + warmup), *shape], rt=rt
+    )
+    t0 = res["start"] + warmup
+    lat = [(d - s) * 1000 for s, d, st in zip(res["sched"], res["done"], res["status"]) if s >= t0 and st]
+    svc = [
+        (d - s) * 1000
+        for s, d, st, sch in zip(res["sent"], res["done"], res["status"], res["sched"])
+        if sch >= t0 and st
+    ]
+    failed = sum(1 for s, st in zip(res["sched"], res["status"]) if s >= t0 and not (200 <= st < 300))
+    span = (max(res["done"]) - t0) if res["done"] else 0
+    return {
+        "lat": lat,
+        "svc": svc,
+        "failed": failed,
+        "n": len(lat),
+        "rate": len(lat) / span if span else 0,
+        "retried": res["retried"],
+        "opened": res["opened"],
+    }
+
+
+def added_ms(runs: Sequence[dict[str, Any]], direct: Sequence[dict[str, Any]], p: float) -> float:
+    """Latency added over direct at percentile p: per round (this target's minus direct's in
+    the same round), then the median over rounds, so one disturbed round does not decide."""
+    return median([pct(r["lat"], p) - pct(d["lat"], p) for r, d in zip(runs, direct)])
 
 
 # ---------------------------------------------------------------------------------------
@@ -694,7 +1017,7 @@ def pct(values: Sequence[float], p: float) -> float:
     if not values:
         return float("nan")
     s = sorted(values)
-    k = max(0, min(len(s) - 1, int(round(p / 100 * len(s) + 0.5)) - 1))
+    k = max(0, min(len(s) - 1, round(p / 100 * len(s) + 0.5) - 1))
     return s[k]
 
 
@@ -714,7 +1037,7 @@ def fmt(x: Any, digits: int = 2) -> str:
     if isinstance(x, int):
         return f"{x:,}"
     if isinstance(x, float):
-        if x != x:
+        if math.isnan(x):
             return "n/a"
         if abs(x) >= 1000:
             return f"{x:,.0f}"

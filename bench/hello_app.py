@@ -1,24 +1,23 @@
-"""The ceiling of any Python proxy on this stack: a Falcon "hello" on gevent pywsgi.
+"""A Falcon "hello" on gevent pywsgi: what the previous engine's server stack costs alone, without an upstream.
 
-    python -m bench.hello_app --port N [--strict]
+    python -m bench.hello_app --port N
 
-The same server stack as activator: ``monkey.patch_all()``, an embedded
-``gevent.pywsgi.WSGIServer`` on a listener we create with TCP_NODELAY (accepted sockets
-inherit it), ``spawn=Pool()``, no request log; a ``falcon.App`` with one resource that
-answers "hello". ``--strict`` uses activator's own handler class (its strict request
-parsing and client timeouts) instead of pywsgi's, to show what that handler costs.
+``monkey.patch_all()``, an embedded ``gevent.pywsgi.WSGIServer`` on a listener we create
+with TCP_NODELAY (accepted sockets inherit it), ``spawn=Pool()``, no request log; a
+``falcon.App`` with one resource that answers "hello". (The new engine's ceiling, with an
+upstream, is ``bench/forwarder.py``.)
 """
 
 from gevent import monkey
 
 monkey.patch_all()
 
-import argparse  # noqa: E402
-import socket  # noqa: E402
+import argparse
+import socket
 
-import falcon  # noqa: E402
-import gevent.pool  # noqa: E402
-from gevent.pywsgi import WSGIServer  # noqa: E402
+import falcon
+import gevent.pool
+from gevent.pywsgi import WSGIServer
 
 
 class Hello:
@@ -30,7 +29,6 @@ class Hello:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--port", type=int, required=True)
-    ap.add_argument("--strict", action="store_true")
     args = ap.parse_args()
     app = falcon.App()
     app.add_route("/", Hello())
@@ -39,13 +37,7 @@ def main() -> None:
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.bind(("127.0.0.1", args.port))
     sock.listen(1024)
-    kwargs = {}
-    if args.strict:
-        from activator.core.config import LimitsConfig
-        from activator.handler import handler_for
-
-        kwargs["handler_class"] = handler_for(LimitsConfig())
-    server = WSGIServer(sock, app, spawn=gevent.pool.Pool(), log=None, **kwargs)
+    server = WSGIServer(sock, app, spawn=gevent.pool.Pool(), log=None)
     print(f"READY {args.port}", flush=True)
     server.serve_forever()
 

@@ -1,7 +1,7 @@
 """A small HTTP/1.1 load generator: open loop, closed loop, and "hold N connections".
 
     python -m bench.loadgen open   --port P --rate 1000 --duration 10 [--poisson --seed 1]
-                                   [--count N] [--conns 32] --out result.json
+                                   [--count N] [--conns 32] [--burst B] --out result.json
     python -m bench.loadgen closed --port P --clients 16 --duration 20 --out result.json
     python -m bench.loadgen hold   --port P --n 10000 --out result.json
 
@@ -10,7 +10,17 @@ advance (every 1/rate s, or Poisson gaps with a seed); it is sent at that time o
 idle keep-alive connection (a new one is opened when none is idle, up to --max-conns),
 and its latency is measured from the *scheduled* time, so a slow server makes the
 latency grow instead of the rate drop. The send times are kept too ("sent"), so
-service latency (from the actual send) is available as well.
+service latency (from the actual send) is available as well. Two shapes of it:
+
+- one steady connection: ``--conns 1 --max-conns 1``: one request at a time; a request
+  whose time has come while the one before is still out is sent when it is answered,
+  and its latency still runs from its own scheduled time;
+- bursts: ``--burst B`` schedules the requests B at a time, on the same ticks (a tick
+  every B/rate s, or Poisson ticks at rate/B); with ``--conns B --max-conns B`` that is
+  ``hey -c B -q rate/B``: every tick, each of the B connections sends one request at once.
+
+``--connection-close`` asks for a new connection per request (``Connection: close``),
+in either mode.
 
 Closed loop: --clients connections, each sends its next request when the previous
 response has arrived, for --duration seconds.
@@ -51,7 +61,7 @@ mono = time.monotonic
 
 
 def raise_nofile() -> None:
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     try:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     except (ValueError, OSError):
@@ -59,8 +69,19 @@ def raise_nofile() -> None:
 
 
 class Conn:
-    __slots__ = ("sock", "fd", "buf", "req", "used", "head_end", "clen", "chunked", "close_after", "status",
-                 "got_bytes")
+    __slots__ = (
+        "buf",
+        "chunked",
+        "clen",
+        "close_after",
+        "fd",
+        "got_bytes",
+        "head_end",
+        "req",
+        "sock",
+        "status",
+        "used",
+    )
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
@@ -119,8 +140,11 @@ class Conn:
 class Generator:
     def __init__(self, args: argparse.Namespace) -> None:
         self.addr = (args.host, args.port)
-        self.request = (f"{args.method} {args.path} HTTP/1.1\r\nHost: {args.host_header}\r\n"
-                        f"User-Agent: bench-loadgen\r\n\r\n").encode()
+        close = "Connection: close\r\n" if args.connection_close else ""
+        self.request = (
+            f"{args.method} {args.path} HTTP/1.1\r\nHost: {args.host_header}\r\n"
+            f"User-Agent: bench-loadgen\r\n{close}\r\n"
+        ).encode()
         self.ep = select.epoll()
         self.conns: dict[int, Conn] = {}
         self.idle: list[Conn] = []
@@ -204,11 +228,14 @@ def run_open(g: Generator, args: argparse.Namespace) -> dict[str, Any]:
     sched = []
     t = start
     for i in range(n):
-        if args.poisson:
-            t += rng.expovariate(args.rate)
+        if i % args.burst:  # the rest of a burst: the same tick
+            sched.append(t)
+        elif args.poisson:
+            t += rng.expovariate(args.rate / args.burst)
             sched.append(t)
         else:
-            sched.append(start + i / args.rate)
+            t = start + i / args.rate
+            sched.append(t)
     for _ in range(min(args.conns, args.max_conns)):
         g.idle.append(g.connect())
     sent = [0.0] * n
@@ -255,9 +282,10 @@ def run_open(g: Generator, args: argparse.Namespace) -> dict[str, Any]:
         if pending and not g.idle and len(g.conns) >= args.max_conns:
             timeout = min(timeout, 0.05)
         for fd, _ev in g.wait(min(max(timeout, 0.0), 0.05)):
-            conn = g.conns.get(fd)
-            if conn is None:
+            ready = g.conns.get(fd)
+            if ready is None:
                 continue
+            conn = ready
             what, st = g.on_readable(conn)
             if what == "more":
                 continue
@@ -434,6 +462,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--count", type=int, default=0)
     ap.add_argument("--poisson", action="store_true")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--burst", type=int, default=1, help="open loop: requests sent together on each tick")
+    ap.add_argument("--connection-close", action="store_true", help="a new connection per request")
     ap.add_argument("--conns", type=int, default=32)
     ap.add_argument("--max-conns", type=int, default=900)
     ap.add_argument("--clients", type=int, default=16)

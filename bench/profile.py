@@ -27,7 +27,7 @@ def _ensure_pyspy(ctx: c.Ctx) -> str | None:
     if ctx.quick:
         return None
     c.log("installing py-spy into the venv (pip)")
-    r = subprocess.run([c.PYTHON, "-m", "pip", "install", "-q", "py-spy"], capture_output=True, text=True)
+    r = subprocess.run([c.PYTHON, "-m", "pip", "install", "-q", "py-spy"], capture_output=True, text=True, check=False)
     if r.returncode != 0:
         ctx.note(f"pip install py-spy failed: {r.stderr.strip()[-200:]}")
         return None
@@ -44,16 +44,18 @@ def _short(frame: str, with_line: bool) -> str:
     if not m:
         return frame
     path = m.group("file")
-    for marker in ("site-packages/", "lib/python3", "/work/main/"):
+    for marker in ("site-packages/", "lib/python3", f"{c.ROOT}/"):  # paths shown relative to the repo
         if marker in path:
             path = path.split(marker, 1)[1]
-    if path.startswith(".") or path.startswith("/"):
+    if path.startswith((".", "/")):
         path = path.rsplit("/", 2)[-1]
     line = f":{m.group('line')}" if with_line and m.group("line") else ""
     return f"{m.group('func')} ({path}{line})"
 
 
-def analyse(raw: Path, top: int = 25) -> tuple[int, list[tuple[str, float]], list[tuple[str, float]], list[tuple[str, float]]]:
+def analyse(
+    raw: Path, top: int = 25
+) -> tuple[int, list[tuple[str, float]], list[tuple[str, float]], list[tuple[str, float]]]:
     self_t: collections.Counter[str] = collections.Counter()
     incl: collections.Counter[str] = collections.Counter()
     files: collections.Counter[str] = collections.Counter()
@@ -72,8 +74,10 @@ def analyse(raw: Path, top: int = 25) -> tuple[int, list[tuple[str, float]], lis
         if leaf:
             path = _short(stack.split(";")[-1], False).rsplit("(", 1)[-1].rstrip(")")
             files[path] += count
+
     def share(counter: collections.Counter[str]) -> list[tuple[str, float]]:
         return [(k, 100 * v / total) for k, v in counter.most_common(top)] if total else []
+
     return total, share(self_t), share(incl), share(files)
 
 
@@ -104,8 +108,14 @@ def groups(raw: Path) -> list[tuple[str, float]]:
             hit = pattern in frames[-1] if how == "self" else any(pattern in f for f in frames)
             if hit:
                 counts[i] += int(n)
-    return [(GROUPS[i][0] + (" [self]" if GROUPS[i][1] == "self" else " [on stack]"), 100 * counts[i] / total)
-            for i in range(len(GROUPS))] if total else []
+    return (
+        [
+            (GROUPS[i][0] + (" [self]" if GROUPS[i][1] == "self" else " [on stack]"), 100 * counts[i] / total)
+            for i in range(len(GROUPS))
+        ]
+        if total
+        else []
+    )
 
 
 def run(ctx: c.Ctx) -> str:
@@ -115,8 +125,11 @@ def run(ctx: c.Ctx) -> str:
     seconds = ctx.dur(10, 2)
     with c.Procs(ctx, "profile") as procs:
         _, nginx = c.start_nginx(procs)
-        act = c.start_activator(procs, "activator", {
-            "web": {"hosts": ["*"], "cc": 100, "queue_depth": 1000, "pods": [f"127.0.0.1:{nginx}"]}})
+        act = c.start_activator(
+            procs,
+            "activator",
+            {"web": {"hosts": ["*"], "cc": 100, "queue_depth": 1000, "pods": [f"127.0.0.1:{nginx}"]}},
+        )
         c.run_wrk(ctx, act.port, 1)
         out = procs.dir / "profile.txt"
         result = None
@@ -125,8 +138,21 @@ def run(ctx: c.Ctx) -> str:
         # the process for every sample; tried here it cut throughput ~8x and counted the
         # hub's epoll_wait as busy, so the shares meant little.
         for native in (False,):
-            cmd = [spy, "record", "-r", "250", "-f", "raw", "-o", str(out), "-d", str(int(seconds)),
-                   "-p", str(act.proc.pid), "--nonblocking"]
+            cmd = [
+                spy,
+                "record",
+                "-r",
+                "250",
+                "-f",
+                "raw",
+                "-o",
+                str(out),
+                "-d",
+                str(int(seconds)),
+                "-p",
+                str(act.proc.pid),
+                "--nonblocking",
+            ]
             p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
             time.sleep(0.5)
             w = c.run_wrk(ctx, act.port, seconds + 1, cpu_pids=[act.proc.pid])
@@ -138,17 +164,31 @@ def run(ctx: c.Ctx) -> str:
         if result is None:
             return "## Where the time goes\n\npy-spy could not sample the process: profile skipped.\n"
     total, self_t, incl, files = analyse(out)
-    lines = ["## Where the time goes (py-spy)", "",
-             f"activator pinned to one core, wrk -t1 -c50 against nginx through it, {result.rps:,.0f} req/s "
-             f"({result.cpu_us:.0f} us CPU per request) while `py-spy record -r 250 {mode}` sampled it "
-             f"for {seconds:g} s: {total:,} busy samples. Shares are of the busy samples. The raw collapsed stacks "
-             f"are in `{out.relative_to(c.ROOT)}` (git-ignored; render with any flamegraph tool).", "",
-             "**Named costs** (overlapping groups, shares of busy samples)", "", "| what | % |", "|---|---|"]
+    lines = [
+        "## Where the time goes (py-spy)",
+        "",
+        (
+            f"activator pinned to one core, wrk -t1 -c50 against nginx through it, {result.rps:,.0f} req/s "
+            f"({result.cpu_us:.0f} us CPU per request) while `py-spy record -r 250 {mode}` sampled it "
+            f"for {seconds:g} s: {total:,} busy samples. Shares are of the busy samples. The raw collapsed stacks "
+            f"are in `{out.relative_to(c.ROOT)}` (git-ignored; render with any flamegraph tool)."
+        ),
+        "",
+        "**Named costs** (overlapping groups, shares of busy samples)",
+        "",
+        "| what | % |",
+        "|---|---|",
+    ]
     lines += [f"| {label} | {p:.1f} |" for label, p in groups(out)]
     lines += ["", "**By file (self time)**", "", "| file | self % |", "|---|---|"]
     lines += [f"| `{f}` | {p:.1f} |" for f, p in files[:15]]
-    lines += ["", "**Top functions, self time** (the function itself was running)", "", "| function | self % |",
-              "|---|---|"]
+    lines += [
+        "",
+        "**Top functions, self time** (the function itself was running)",
+        "",
+        "| function | self % |",
+        "|---|---|",
+    ]
     lines += [f"| `{f}` | {p:.1f} |" for f, p in self_t[:25]]
     lines += ["", "**Top functions, inclusive** (on the stack)", "", "| function | inclusive % |", "|---|---|"]
     lines += [f"| `{f}` | {p:.1f} |" for f, p in incl[:40]]

@@ -20,8 +20,12 @@ class Table:
     rows: list[list[Any]]
 
     def render(self) -> str:
-        out = [f"**{self.title}**", "", "| " + " | ".join(self.headers) + " |",
-               "|" + "|".join("---" for _ in self.headers) + "|"]
+        out = [
+            f"**{self.title}**",
+            "",
+            "| " + " | ".join(self.headers) + " |",
+            "|" + "|".join("---" for _ in self.headers) + "|",
+        ]
         for row in self.rows:
             out.append("| " + " | ".join(fmt(c) for c in row) + " |")
         return "\n".join(out)
@@ -35,6 +39,10 @@ class Target:
     met: bool | None  # None: could not be measured in this run
     gap: str = ""
     why: str = ""  # what limits it (shown when not met)
+    group: str = "issue 8"  # the issue that set it: one table of targets per group
+
+    def verdict(self) -> str:
+        return "n/a" if self.met is None else ("**met**" if self.met else "**not met**")
 
 
 @dataclass
@@ -49,6 +57,11 @@ class Section:
     seconds: float = 0.0
     load: str = ""
     error: str | None = None
+
+    def add_target(self, target: Target) -> None:
+        """A target, and its line in the headline: what was measured against the goal, met or not."""
+        self.targets.append(target)
+        self.headline.append(f"{target.name}: {target.measured} (goal {target.goal}): {target.verdict()}")
 
     def render(self) -> str:
         out = [f"## {self.title}", ""]
@@ -79,13 +92,26 @@ def cpu_model() -> str:
 
 def git_rev() -> str:
     try:
-        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                             text=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "activator"], cwd=ROOT,
-                               capture_output=True, text=True).stdout.strip()
+        rev = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=False
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "activator"], cwd=ROOT, capture_output=True, text=True, check=False
+        ).stdout.strip()
         return rev + (" (activator/ has uncommitted changes)" if dirty else "")
     except OSError:
         return "?"
+
+
+def previous_engine(ctx: Ctx) -> str:
+    baseline = ctx.baseline
+    if baseline is None:
+        return "not measured in this run"
+    if baseline.build is not None:
+        return (
+            f"{baseline.build.label}: `python -m activator` from a git worktree of `{baseline.commit}` (`--baseline`)"
+        )
+    return f"`{baseline.commit}` not available ({baseline.failure or 'not used by the scenarios run'})"
 
 
 def machine_lines(ctx: Ctx) -> list[str]:
@@ -108,42 +134,66 @@ def machine_lines(ctx: Ctx) -> list[str]:
         f"- nginx: `{versions.get('nginx', 'not available')}`",
         f"- wrk: `{versions.get('wrk', 'not available (Python closed-loop generator used instead)')}`",
         f"- activator: `{os.environ.get('ACTIVATOR_BIN') or 'python -m activator'}` at commit {git_rev()}",
+        f"- previous engine: {previous_engine(ctx)}",
         f"- pinning: {pin_text(ctx)}",
     ]
 
 
 def render(ctx: Ctx, sections: list[Section], command: str, started: float, profile_md: str | None) -> str:
     out = ["# activator benchmarks", ""]
-    out += [f"Recorded by `{command}` on {time.strftime('%Y-%m-%d %H:%M %Z', time.localtime(started))}, "
-            f"{time.time() - started:.0f} s in all{' (QUICK mode: short runs, numbers are rough)' if ctx.quick else ''}.",
+    out += [
+        (
+            f"Recorded by `{command}` on {time.strftime('%Y-%m-%d %H:%M %Z', time.localtime(started))}, "
+            f"{time.time() - started:.0f} s in all{' (QUICK mode: short runs, numbers are rough)' if ctx.quick else ''}."
+        ),
+        (
             "Everything ran on this one machine, servers on 127.0.0.1, in one run: compare the ratios "
-            "(against the baseline measured in the same run) rather than absolute numbers.", ""]
-    out += ["## Machine", ""] + machine_lines(ctx) + [""]
-    out += ["## Method", "",
+            "(against the baseline measured in the same run) rather than absolute numbers."
+        ),
+        "",
+    ]
+    out += ["## Machine", "", *machine_lines(ctx), ""]
+    out += [
+        "## Method",
+        "",
+        (
             "- Every server is started by the bench on 127.0.0.1 (free ports), its output in `bench/out/work/` "
             "(git-ignored). Configurations are written by the scenario modules (`bench/*.py`); activator runs as "
             "`python -m activator run -c CONFIG` (or `$ACTIVATOR_BIN run -c CONFIG`), `access_log: false` unless a "
-            "row says otherwise.",
-            "- Closed-loop saturation: `wrk -t1 -c50` (Debian's wrk 4.1). Open loop (fixed rate, Poisson arrivals), "
-            "the churn clients and the 10,000 held connections: `bench/loadgen.py`, raw sockets and epoll, waits "
-            "through select() for microsecond timers; an open-loop request's latency runs from its *scheduled* send "
-            "time, so a stalled proxy cannot hide behind a slowed-down generator (coordinated omission). wrk2 and "
-            "vegeta are not packaged in Debian 12; hey's `-q` is a per-worker closed-loop rate.",
+            "row says otherwise. The previous engine (activator at the commit before the HTTP engine work, "
+            "`--baseline`) runs the same way from a git worktree the bench makes under `bench/out/` and removes at "
+            "the end of the run."
+        ),
+        (
+            "- Closed-loop saturation: `wrk -t1 -c50` (Debian's wrk 4.1). Open loop (fixed rate, Poisson arrivals, "
+            "bursts), the churn clients and the 10,000 held connections: `bench/loadgen.py`, raw sockets and epoll, "
+            "waits through select() for microsecond timers; an open-loop request's latency runs from its *scheduled* "
+            "send time, so a stalled proxy cannot hide behind a slowed-down generator (coordinated omission). wrk2 "
+            "and vegeta are not packaged in Debian 12; hey's `-q` is a per-worker closed-loop rate."
+        ),
+        (
             "- CPU us/req: user + system CPU time of the server process (and its children) from /proc over a wrk "
-            "run, divided by the requests served. On a shared machine it is much steadier than req/s.",
+            "run, divided by the requests served. On a shared machine it is much steadier than req/s."
+        ),
+        (
             "- Each comparison runs its targets in interleaved rounds and reports medians, so a burst of outside "
-            "load does not land on one target only.", ""]
+            "load does not land on one target only."
+        ),
+        "",
+    ]
     heads = [h for s in sections for h in s.headline]
     if heads:
         out += ["## Headline", ""] + [f"- {h}" for h in heads] + [""]
     targets = [t for s in sections for t in s.targets]
-    if targets:
-        out += ["## Targets (issue 8)", "", "| target | goal | measured | met | gap |", "|---|---|---|---|---|"]
-        for t in targets:
-            met = "n/a" if t.met is None else ("**met**" if t.met else "**not met**")
-            out.append(f"| {t.name} | {t.goal} | {t.measured} | {met} | {t.gap or '-'} |")
+    for group in dict.fromkeys(t.group for t in targets):  # in order of first appearance
+        out += [f"## Targets ({group})", "", "| target | goal | measured | met | gap |", "|---|---|---|---|---|"]
+        out += [
+            f"| {t.name} | {t.goal} | {t.measured} | {t.verdict()} | {t.gap or '-'} |"
+            for t in targets
+            if t.group == group
+        ]
         out.append("")
-        unmet = [t for t in targets if t.met is False and t.why]
+        unmet = [t for t in targets if t.group == group and t.met is False and t.why]
         if unmet:
             out += ["What limits the targets not met:", ""] + [f"- **{t.name}**: {t.why}" for t in unmet] + [""]
     for s in sections:
