@@ -191,11 +191,11 @@ class HttpServer:
         environ["QUERY_STRING"] = query.decode("latin-1")
         environ["RAW_URI"] = target.decode("latin-1")
         environ["SERVER_PROTOCOL"] = "HTTP/1.1" if exchange.version == "1.1" else "HTTP/1.0"
-        environ["REMOTE_ADDR"] = exchange.client_ip
+        environ["REMOTE_ADDR"] = exchange.conn.client_ip
         environ["wsgi.input"] = _Input(exchange)
         environ[EXCHANGE] = exchange
         keys = _ENVIRON_KEYS
-        for (_, value), lower in zip(exchange.headers, exchange.lower_names, strict=True):
+        for (_, value), lower in zip(exchange.headers, exchange.lower_names):  # noqa: B905 (built together)
             key = keys.get(lower)
             if key is None:
                 key = _environ_key(lower)

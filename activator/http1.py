@@ -175,13 +175,6 @@ class H1Exchange:
 
     # -- the request -------------------------------------------------------------------
 
-    @property
-    def client_ip(self) -> str:
-        return self.conn.client_ip
-
-    @property
-    def scheme(self) -> str:
-        return self.conn.scheme
 
     def read(self, size: int = RECV_SIZE) -> bytes:
         """The next piece of the request body (at most ``size`` bytes); b"" at its end.
@@ -328,10 +321,12 @@ class H1Connection(deadlines.Watched):
                  max_body_bytes: int | None, scheme: str = "http") -> None:
         super().__init__(sock)
         self.client_ip = address[0] if isinstance(address, tuple) else str(address)
+        self.client_ip_bytes = self.client_ip.encode()
         self.client_timeout = client_timeout
         self.max_header_bytes = max_header_bytes
         self.max_body_bytes = max_body_bytes
         self.scheme = scheme
+        self.scheme_bytes = scheme.encode()
         #: The connection ends after the current answer (set by the server when stopping).
         self.closing = False
         #: A response was abandoned mid-way: close without lingering.
@@ -410,19 +405,23 @@ class H1Connection(deadlines.Watched):
         exchange = self._current
         assert exchange is not None
         parser = self._parser
-        exchange.target = b"".join(self._url_parts) if len(self._url_parts) != 1 else self._url_parts[0]
-        method = _METHODS.get(parser.get_method())
+        parts = self._url_parts
+        exchange.target = target = parts[0] if len(parts) == 1 else b"".join(parts)
+        raw_method = parser.get_method()
+        method = _METHODS.get(raw_method)
         if method is None:
-            method = _METHODS.setdefault(parser.get_method(), parser.get_method().decode("ascii"))
+            method = _METHODS.setdefault(raw_method, raw_method.decode("ascii"))
         exchange.method = method
         exchange.version = version = parser.get_http_version()
-        self._check_request_line(method, exchange.target, version)
         exchange.keep_alive = parser.should_keep_alive()
-        exchange.upgrade = upgrade = method != "CONNECT" and parser.should_upgrade()
+        # llhttp flags Upgrade requests (and CONNECT, refused below) as upgrades.
+        upgrade = exchange.upgrade_value is not None and method != "CONNECT" and parser.should_upgrade()
+        exchange.upgrade = upgrade
         try:
+            self._check_request_line(raw_method, target, version)
             exchange.framing, exchange.host = http.check_request_head(
-                version, method, exchange.target, exchange.hosts, exchange.content_length,
-                exchange.transfer_encodings, upgrade, self.max_body_bytes,
+                version, method, target, exchange.hosts, exchange.content_length, exchange.transfer_encodings,
+                upgrade, self.max_body_bytes,
             )
         except ActivatorError as error:
             if error.closes_connection:
@@ -449,7 +448,7 @@ class H1Connection(deadlines.Watched):
         self._current = None
         self._completed_in_feed += 1
 
-    def _check_request_line(self, method: str, target: bytes, version: str) -> None:
+    def _check_request_line(self, method: bytes, target: bytes, version: str) -> None:
         """The request line as llhttp read it must be in the bytes as they came, exactly.
 
         llhttp tolerates several spaces between the parts of a request line and a version
@@ -457,7 +456,7 @@ class H1Connection(deadlines.Watched):
         of the feeds since its message began (``_head_raw``, which may begin with the end
         of the message before it).
         """
-        line = b"%s %s HTTP/%s\r\n" % (method.encode("ascii"), target, version.encode("ascii"))
+        line = b"%s %s HTTP/%s\r\n" % (method, target, version.encode("ascii"))
         if line not in self._head_raw:
             raise BadRequest("malformed request line")
 

@@ -31,6 +31,7 @@ from collections.abc import Callable
 from typing import Any
 
 import falcon
+import gevent
 
 from . import gate, hangup
 from .core import http
@@ -109,9 +110,15 @@ class Lease:
             self.throttler.record_failure(grant, kind, time.monotonic())
 
     def release(self) -> None:
+        """Give the slot back. When it went straight to a waiter, let that waiter run first:
+        its request is sent before this greenlet finishes its own bookkeeping."""
         grant, self.grant = self.grant, None
         if grant is not None:
-            self.throttler.release(grant, time.monotonic())
+            throttler = self.throttler
+            queued = throttler.queued
+            throttler.release(grant, time.monotonic())
+            if throttler.queued < queued:
+                gevent.sleep(0)
 
 
 class Proxy:
@@ -131,7 +138,7 @@ class Proxy:
 
     def __call__(self, req: falcon.Request, resp: falcon.Response, **_: Any) -> None:
         exchange: H1Exchange = req.env[EXCHANGE]
-        record = RequestRecord(time.monotonic(), exchange.client_ip, exchange.method, exchange.target)
+        record = RequestRecord(time.monotonic(), exchange.conn.client_ip, exchange.method, exchange.target)
         self.active += 1
         try:
             self._serve(exchange, record)
@@ -171,9 +178,10 @@ class Proxy:
         config = throttler.config
         marker = self._marker(exchange)
         # Built before waiting, so that a handed-over slot is put to use at once.
+        conn = exchange.conn
         header_block = http.pod_request_headers(
-            exchange.headers, exchange.lower_names, exchange.client_ip.encode(), exchange.scheme.encode(),
-            exchange.host.encode("latin-1"), http.connection_tokens(exchange.connection_values),
+            exchange.headers, exchange.lower_names, conn.client_ip_bytes, conn.scheme_bytes,
+            exchange.hosts[0] if exchange.hosts else b"", http.connection_tokens(exchange.connection_values),
         )
         target = self.topology.forward_target(throttler.name)
         if target is None or not may_forward(marker, target.kind):

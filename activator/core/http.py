@@ -246,19 +246,31 @@ def refusal_of_head(reason: str) -> ActivatorError:
 
 
 _NO_TOKENS: frozenset[bytes] = frozenset()
+#: One Connection line's value -> its options (bounded: they are peer input).
+_TOKENS_OF: dict[bytes, frozenset[bytes]] = {}
+_TOKENS_OF_SIZE = 256
 
 
 def connection_tokens(values: Sequence[bytes]) -> frozenset[bytes]:
     """The lower-cased options of ``Connection`` lines (``close``, ``upgrade``, names)."""
     if not values:
         return _NO_TOKENS
+    if len(values) == 1:
+        known = _TOKENS_OF.get(values[0])
+        if known is not None:
+            return known
     tokens: set[bytes] = set()
     for value in values:
         for token in value.split(b","):
             token = token.strip(_OPTIONAL_WHITESPACE).lower()
             if token:
                 tokens.add(token)
-    return frozenset(tokens)
+    result = frozenset(tokens)
+    if len(values) == 1:
+        if len(_TOKENS_OF) >= _TOKENS_OF_SIZE:
+            _TOKENS_OF.clear()
+        _TOKENS_OF[values[0]] = result
+    return result
 
 
 def pod_request_headers(
@@ -297,10 +309,10 @@ def client_framing(
     method: str, status: int, pod_framing: BodyFraming, client_version: str, tunnel: bool = False
 ) -> BodyFraming:
     """How a pod's response is framed to the client (see the module docstring)."""
-    if method == "HEAD" or status < 200 or status in BODILESS_STATUSES or tunnel:
+    if pod_framing is BodyFraming.LENGTH:
+        return BodyFraming.NONE if method == "HEAD" or status == 304 or tunnel else BodyFraming.LENGTH
+    if pod_framing is BodyFraming.NONE or method == "HEAD" or status < 200 or status in BODILESS_STATUSES or tunnel:
         return BodyFraming.NONE
-    if pod_framing is BodyFraming.LENGTH or pod_framing is BodyFraming.NONE:
-        return pod_framing
     return BodyFraming.CHUNKED if client_version == "1.1" else BodyFraming.CLOSE
 
 
@@ -312,7 +324,8 @@ def response_head_lines(
     keep_upgrade: bool = False,
     keep_length: bool = False,
 ) -> list[bytes]:
-    """The pod's header lines that reach the client, in order, for this framing.
+    """The pod's header lines that reach the client, in order, for this framing, as pieces
+    to be joined (name, ": ", value, CRLF for each line).
 
     ``lower_names``: the lower-cased names of ``headers``; ``named_by_connection``: the
     options of the response's ``Connection`` lines (``connection_tokens``).
@@ -322,15 +335,15 @@ def response_head_lines(
     """
     drop_length = not (framing is BodyFraming.LENGTH or keep_length)
     drop_trailer = framing is not BodyFraming.CHUNKED
-    lines = []
+    pieces: list[bytes] = []
     for (name, value), lower in zip(headers, lower_names, strict=True):
         if lower in RESPONSE_HOP_BY_HOP or lower in named_by_connection:
             if not (lower == b"upgrade" and keep_upgrade):
                 continue
         elif (drop_length and lower == b"content-length") or (drop_trailer and lower == b"trailer"):
             continue
-        lines.append(b"%s: %s\r\n" % (name, value))
-    return lines
+        pieces += (name, b": ", value, b"\r\n")
+    return pieces
 
 
 def trailer_lines(trailers: Sequence[Header]) -> list[bytes]:

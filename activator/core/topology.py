@@ -123,7 +123,7 @@ class Topology:
         service that has a usable slot elsewhere.
         """
         forward = self._forwards.get(service)
-        if forward is None and self.services[service].capacity == 0:
+        if forward is None and self._fallbacks and self.services[service].capacity == 0:
             forward = self._fallbacks.get(service)
         return forward
 
