@@ -5,18 +5,30 @@
 - ``GET /status``: JSON of this activator, its config and every service and pod
   (the names SPEC.md lists are relied on by operators; more fields are welcome).
 - ``GET /``: a human status page of the same, refreshing itself.
+
+It reads everything from a ``StatusSource``: a single activator process
+(``server.Runtime``) or the supervisor of several workers (``workers.Supervisor``, which
+merges its workers' statuses), with the same resources for both.
 """
 
 from __future__ import annotations
 
 import html
 import json
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import falcon
 
-if TYPE_CHECKING:
-    from .server import Runtime
+
+class StatusSource(Protocol):
+    """What the admin API needs of the process it describes."""
+
+    stopping: bool
+
+    def is_serving(self) -> bool:
+        """Ready and not stopping (the supervisor asks its workers: it may yield)."""
+
+    def status(self) -> dict[str, Any]: ...
 
 
 class Health:
@@ -26,23 +38,23 @@ class Health:
 
 
 class Ready:
-    def __init__(self, runtime: Runtime) -> None:
-        self.runtime = runtime
+    def __init__(self, source: StatusSource) -> None:
+        self.source = source
 
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
-        ready = self.runtime.ready and not self.runtime.stopping
+        ready = self.source.is_serving()
         resp.status = 200 if ready else 503
         resp.content_type = "text/plain"
-        resp.text = "ready\n" if ready else ("stopping\n" if self.runtime.stopping else "starting\n")
+        resp.text = "ready\n" if ready else ("stopping\n" if self.source.stopping else "starting\n")
 
 
 class Status:
-    def __init__(self, runtime: Runtime) -> None:
-        self.runtime = runtime
+    def __init__(self, source: StatusSource) -> None:
+        self.source = source
 
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
         resp.content_type = "application/json"
-        resp.text = json.dumps(self.runtime.status(), indent=2)
+        resp.text = json.dumps(self.source.status(), indent=2)
 
 
 STATE_COLOURS = {"healthy": "#2e7d32", "pending": "#b28704", "draining": "#1565c0", "removed": "#757575"}
@@ -69,17 +81,19 @@ def render_page(status: dict[str, Any]) -> str:
     peers = status["activator"]["peers"]
     if peers:
         me = status["activator"]["self"]
-        parts.append("<p>peers: " + ", ".join(
-            f"<b>{esc(n)}</b>" if n == me else esc(n) for n in peers) + "</p>")
+        parts.append("<p>peers: " + ", ".join(f"<b>{esc(n)}</b>" if n == me else esc(n) for n in peers) + "</p>")
     for name, service in status["services"].items():
         capacity = "unlimited" if service["capacity"] is None else service["capacity"]
         parts.append(
             f"<h2>{esc(name)}</h2><p>hosts {esc(', '.join(service['hosts']))} &middot; cc "
             f"{service['container_concurrency']} &middot; {esc(service['lb_policy'])} &middot; capacity {capacity}"
-            f" &middot; in flight {service['in_flight']} &middot; queued {service['queued']}/{service['queue_depth']}</p>"
+            f" &middot; in flight {service['in_flight']}"
+            f" &middot; queued {service['queued']}/{service['queue_depth']}</p>"
         )
-        parts.append("<table><tr><th>pod</th><th>state</th><th>in flight</th><th>slots</th>"
-                     "<th>requests</th><th>failures</th><th>in state</th></tr>")
+        parts.append(
+            "<table><tr><th>pod</th><th>state</th><th>in flight</th><th>slots</th>"
+            "<th>requests</th><th>failures</th><th>in state</th></tr>"
+        )
         for pod in service["pods"]:
             busy = pod["slots"] is not None and pod["in_flight"] >= max(pod["slots"], 1)
             colour = STATE_COLOURS.get(pod["state"], "#000")
@@ -95,18 +109,18 @@ def render_page(status: dict[str, Any]) -> str:
 
 
 class Page:
-    def __init__(self, runtime: Runtime) -> None:
-        self.runtime = runtime
+    def __init__(self, source: StatusSource) -> None:
+        self.source = source
 
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
         resp.content_type = "text/html; charset=utf-8"
-        resp.text = render_page(self.runtime.status())
+        resp.text = render_page(self.source.status())
 
 
-def make_admin_app(runtime: Runtime) -> falcon.App:
-    app = falcon.App()
+def make_admin_app(source: StatusSource) -> falcon.App[falcon.Request, falcon.Response]:
+    app: falcon.App[falcon.Request, falcon.Response] = falcon.App()
     app.add_route("/healthz", Health())
-    app.add_route("/readyz", Ready(runtime))
-    app.add_route("/status", Status(runtime))
-    app.add_route("/", Page(runtime))
+    app.add_route("/readyz", Ready(source))
+    app.add_route("/status", Status(source))
+    app.add_route("/", Page(source))
     return app

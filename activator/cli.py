@@ -9,16 +9,16 @@ from gevent import monkey
 
 monkey.patch_all()
 
-import argparse  # noqa: E402
-import json  # noqa: E402
-import os  # noqa: E402
-import sys  # noqa: E402
-import urllib.error  # noqa: E402
-import urllib.request  # noqa: E402
-from typing import Any  # noqa: E402
+import argparse
+import json
+import os
+import sys
+import urllib.error
+import urllib.request
+from typing import Any
 
-from . import __version__  # noqa: E402
-from .core.errors import ConfigError  # noqa: E402
+from . import __version__
+from .core.errors import ConfigError
 
 DEFAULT_CONFIG = "/etc/activator/activator.yaml"
 
@@ -28,9 +28,24 @@ def config_path(given: str | None) -> str:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from .server import run
+    """One activator process; with ``workers: N > 1`` the supervisor of N workers (a
+    worker is this same command, started by the supervisor with its sockets)."""
+    from .configfile import load_config
+    from .server import run, setup_logging
+    from .workersockets import WorkerSockets
 
-    return run(config_path(args.config))
+    setup_logging()
+    try:
+        config = load_config(config_path(args.config))
+    except ConfigError as error:
+        print(f"activator: {error}", file=sys.stderr)
+        return 2
+    worker = WorkerSockets.from_env()
+    if worker is None and config.workers > 1:
+        from .workers import Supervisor
+
+        return Supervisor(config).run()
+    return run(config, worker)
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -59,9 +74,11 @@ def cmd_check(args: argparse.Namespace) -> int:
             else:
                 all_slots = cc * sum(1 for p in service.pods if not p.drain)
                 forward = topology.forward_target(name) if not total else None
-                print(f"  {name}: {total} of {all_slots} slots"
-                      + (f" (forwards its requests to {forward.address})" if forward else "")
-                      + "".join(f"\n    {a}: {n}" for a, n in sorted((owned or {}).items()) if n))
+                print(
+                    f"  {name}: {total} of {all_slots} slots"
+                    + (f" (forwards its requests to {forward.address})" if forward else "")
+                    + "".join(f"\n    {a}: {n}" for a, n in sorted((owned or {}).items()) if n)
+                )
     if old is not None:
         diff = diff_configs(old, config)
         print(f"\nchanges from {old.path}:")
@@ -77,31 +94,40 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def fetch_status(admin: str) -> dict[str, Any]:
     with urllib.request.urlopen(f"http://{admin}/status", timeout=5) as response:
-        return json.loads(response.read())  # type: ignore[no-any-return]
+        status: dict[str, Any] = json.loads(response.read())
+        return status
 
 
 def format_status(status: dict[str, Any]) -> str:
     """The terminal table of ``activator status``."""
     lines = []
     config = status["config"]
-    lines.append(f"activator {status['version']}  config {config['path']}  loaded {config['loaded_at']}"
-                 f"  {'ready' if status['ready'] else 'NOT READY'}")
+    lines.append(
+        f"activator {status['version']}  config {config['path']}  loaded {config['loaded_at']}"
+        f"  {'ready' if status['ready'] else 'NOT READY'}"
+    )
     if config["last_error"]:
         lines.append(f"last reload failed: {config['last_error']}")
     peers = status["activator"]["peers"]
     if peers:
-        lines.append("peers: " + ", ".join(f"{n}={a}" + (" (self)" if n == status['activator']['self'] else "")
-                                           for n, a in peers.items()))
+        lines.append(
+            "peers: "
+            + ", ".join(f"{n}={a}" + (" (self)" if n == status["activator"]["self"] else "") for n, a in peers.items())
+        )
     for name, service in status["services"].items():
         capacity = "unlimited" if service["capacity"] is None else service["capacity"]
         lines.append("")
-        lines.append(f"{name}  cc={service['container_concurrency']} {service['lb_policy']}  capacity={capacity}"
-                     f"  in_flight={service['in_flight']}  queued={service['queued']}/{service['queue_depth']}")
+        lines.append(
+            f"{name}  cc={service['container_concurrency']} {service['lb_policy']}  capacity={capacity}"
+            f"  in_flight={service['in_flight']}  queued={service['queued']}/{service['queue_depth']}"
+        )
         lines.append(f"  {'POD':<28} {'STATE':<9} {'IN_FLIGHT':>9} {'SLOTS':>5} {'REQUESTS':>9} {'FAILURES':>8}")
         for pod in service["pods"]:
             slots = "inf" if pod["slots"] is None else pod["slots"]
-            lines.append(f"  {pod['address']:<28} {pod['state']:<9} {pod['in_flight']:>9} {slots:>5}"
-                         f" {pod['requests']:>9} {pod['failures']:>8}")
+            lines.append(
+                f"  {pod['address']:<28} {pod['state']:<9} {pod['in_flight']:>9} {slots:>5}"
+                f" {pod['requests']:>9} {pod['failures']:>8}"
+            )
     return "\n".join(lines)
 
 
@@ -139,7 +165,9 @@ def parser() -> argparse.ArgumentParser:
     demo.add_argument("--delay", type=float, default=1.0, help="seconds each demo pod takes per request")
     demo.set_defaults(func=cmd_demo)
     status = sub.add_parser("status", help="show a running instance's services and pods")
-    status.add_argument("--admin", metavar="HOST:PORT", help="admin address (default: from the config, else 127.0.0.1:9090)")
+    status.add_argument(
+        "--admin", metavar="HOST:PORT", help="admin address (default: from the config, else 127.0.0.1:9090)"
+    )
     status.add_argument("-c", "--config", help="config file to read the admin address from")
     status.add_argument("--json", action="store_true", help="print the raw /status JSON")
     status.set_defaults(func=cmd_status)

@@ -75,9 +75,7 @@ class _Document:
             loader = yaml.CSafeLoader(text)
         except UnicodeEncodeError as exc:  # lone surrogates in a str that came from code
             line = text.count("\n", 0, exc.start) + 1
-            raise ConfigError(
-                "the text is not valid Unicode", filename=self.filename, line=line
-            ) from exc
+            raise ConfigError("the text is not valid Unicode", filename=self.filename, line=line) from exc
         try:
             self.root = loader.get_single_node()
         except yaml.MarkedYAMLError as exc:
@@ -133,9 +131,7 @@ class _Document:
         # its text, so any failure means exactly "this value cannot be read".
         except Exception as exc:
             detail = getattr(exc, "problem", None) or str(exc)
-            raise self.error(
-                node, path, f"cannot read the value {node.value!r} ({node.tag}): {detail}"
-            ) from exc
+            raise self.error(node, path, f"cannot read the value {node.value!r} ({node.tag}): {detail}") from exc
 
     def key(self, node: yaml.Node, path: KeyPath) -> object:
         if not isinstance(node, yaml.ScalarNode):
@@ -158,9 +154,7 @@ class _Document:
             key = self.key(key_node, path)
             key_path = (*path, key) if isinstance(key, str) else path
             if key in first_line:
-                raise self.error(
-                    key_node, key_path, f"duplicate key (first given on line {first_line[key]})"
-                )
+                raise self.error(key_node, key_path, f"duplicate key (first given on line {first_line[key]})")
             first_line[key] = key_node.start_mark.line + 1
             data[key] = self.build(value_node, key_path, depth + 1)
         for key, value in merged.items():
@@ -180,13 +174,13 @@ class _Document:
         node = self.root
         if node is None:
             return None
-        line = node.start_mark.line + 1
+        line = int(node.start_mark.line) + 1
         for part in path:
             found = self.child(node, part)
             if found is None:
                 break
             marker, node = found
-            line = marker.start_mark.line + 1
+            line = int(marker.start_mark.line) + 1
         return line
 
     def child(self, node: yaml.Node, part: str | int) -> tuple[yaml.Node, yaml.Node] | None:

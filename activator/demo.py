@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 import gevent
 
@@ -53,8 +54,10 @@ class DemoPod:
         try:
             gevent.sleep(self.delay)
             self.served += 1
-            body = (f"hello from pod {self.name}: request #{self.served}, "
-                    f"running {self.in_flight} now, never more than {self.peak} at once\n").encode()
+            body = (
+                f"hello from pod {self.name}: request #{self.served}, "
+                f"running {self.in_flight} now, never more than {self.peak} at once\n"
+            ).encode()
         finally:
             self.in_flight -= 1
         start_response("200 OK", [("Content-Type", "text/plain"), ("Content-Length", str(len(body)))])
@@ -78,11 +81,13 @@ def run_demo(delay: float = 1.0) -> int:
         runtime = Runtime(config)
         runtime.start()
     except OSError as error:
-        print(f"activator demo: cannot listen ({error}); is another demo or service using these ports?",
-              file=sys.stderr)
+        print(
+            f"activator demo: cannot listen ({error}); is another demo or service using these ports?", file=sys.stderr
+        )
         return 1
     proxy, admin = config.listen, config.admin
-    print(f"""
+    print(
+        f"""
 activator demo: {len(pods)} pods that take {delay:g}s per request and each accept ONE at a time
 (container_concurrency 1), behind the proxy on http://{proxy}/
 
@@ -91,10 +96,12 @@ Try, in another terminal:
   for i in $(seq 8); do curl -s http://{proxy}/ & done; wait  # 8 at once: 3 run, 5 queue in order
   curl -s http://{admin}/status                             # services and pods as JSON
   open http://{admin}/ in a browser                         # the status page
-  {os.path.basename(sys.argv[0]) or 'activator'} status --admin {admin}                 # the same as a table
+  {os.path.basename(sys.argv[0]) or "activator"} status --admin {admin}                 # the same as a table
 
 Ctrl-C to stop.
-""", flush=True)
+""",
+        flush=True,
+    )
     code = runtime.serve_forever()
     for server in pods:
         server.stop(timeout=1)

@@ -53,8 +53,13 @@ class Limits:
 
     __slots__ = ("max_connections", "client_timeout", "max_header_bytes", "max_body_bytes")
 
-    def __init__(self, max_connections: int = 10000, client_timeout: float = 60.0, max_header_bytes: int = 65536,
-                 max_body_bytes: int | None = None) -> None:
+    def __init__(
+        self,
+        max_connections: int = 10000,
+        client_timeout: float = 60.0,
+        max_header_bytes: int = 65536,
+        max_body_bytes: int | None = None,
+    ) -> None:
         self.max_connections = max_connections
         self.client_timeout = client_timeout
         self.max_header_bytes = max_header_bytes
@@ -90,7 +95,8 @@ class HttpServer:
 
     @property
     def address(self) -> tuple[str, int]:
-        return self._server.address  # type: ignore[no-any-return]
+        host, port = self._server.address[:2]
+        return str(host), int(port)
 
     def start(self) -> None:
         self._server.start()
@@ -122,8 +128,9 @@ class HttpServer:
             finally:
                 sock.close()
             return
-        conn = H1Connection(sock, address, limits.client_timeout, limits.max_header_bytes, limits.max_body_bytes,
-                            self.scheme)
+        conn = H1Connection(
+            sock, address, limits.client_timeout, limits.max_header_bytes, limits.max_body_bytes, self.scheme
+        )
         self.connections[conn] = gevent.getcurrent()
         try:
             self._serve(conn)
@@ -150,8 +157,9 @@ class HttpServer:
                 return
             self._busy.add(conn)
             if exchange.refusal is not None:
-                log.debug("refused a request from %s: %s (%s)", conn.client_ip, exchange.refusal.reason,
-                          exchange.refusal)
+                log.debug(
+                    "refused a request from %s: %s (%s)", conn.client_ip, exchange.refusal.reason, exchange.refusal
+                )
                 exchange.answer(exchange.refusal)
             else:
                 self._call_app(exchange)

@@ -1,8 +1,9 @@
 """Waiting for a slot under gevent: the only place a request blocks on the throttler.
 
 The core decides (``ServiceThrottler.acquire`` returns a grant or a waiter); this module
-does the waiting. A waiter parks its greenlet on a ``gevent.event.Event`` that the core
-sets when it hands the waiter a slot, bounded by ``queue_timeout``; meanwhile the
+does the waiting. A waiter parks its greenlet on a ``gevent.event.Event`` (its
+``token``), which the shell's actor sets when a core call reports that it handed the
+waiter a slot (``Effects.woken``), bounded by ``queue_timeout``; meanwhile the
 process's ``HangupMonitor`` watches the client's socket (no greenlet of its own) and wakes
 the waiter if the client hangs up. Whatever ends the wait (a slot, the timeout, the client
 hanging up, the greenlet killed), the waiter leaves the queue, or a grant that arrived in
@@ -13,13 +14,14 @@ client that hung up never gets a pod.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Protocol
 
 from gevent.event import Event
 
 from . import hangup
 from .core.errors import ClientGone, QueueTimeout
-from .core.throttler import Grant, ServiceThrottler, Waiter
+from .core.throttler import Effects, Grant, ServiceThrottler, Waiter
 
 
 class Client(Protocol):
@@ -32,10 +34,10 @@ class Redirected(Exception):
     """The waiter was taken out of the queue to be forwarded: this process owns no slot now."""
 
 
-def _wait(throttler: ServiceThrottler, first: Grant | Waiter, event: Event, timeout: float,
-          client: Client | None) -> Grant:
-    if isinstance(first, Grant):
-        return first
+def _wait(
+    throttler: ServiceThrottler, waiter: Waiter, timeout: float, client: Client | None, act: Callable[[Effects], None]
+) -> Grant:
+    event: Event = waiter.token
     gone = False
 
     def client_left() -> None:
@@ -52,50 +54,51 @@ def _wait(throttler: ServiceThrottler, first: Grant | Waiter, event: Event, time
         if not gone:
             event.wait(timeout)
     except BaseException:
-        grant = throttler.abandon(first)
+        grant = throttler.abandon(waiter)
         if grant is not None:
-            throttler.release(grant, time.monotonic())
+            act(throttler.release(grant, time.monotonic()))
         raise
     finally:
         if watching:
             monitor.unwatch(fd, client_left)
-    grant = throttler.abandon(first)
+    grant = throttler.abandon(waiter)
     if gone:
         if grant is not None:
-            throttler.release(grant, time.monotonic())
+            act(throttler.release(grant, time.monotonic()))
         raise ClientGone("the client hung up while its request was queued")
     if grant is None:
-        raise Redirected() if first.redirected else QueueTimeout()
+        raise Redirected() if waiter.redirected else QueueTimeout()
     return grant
 
 
-def _not_yet() -> None:
-    """A waiter's notify until ``acquire`` gives it its Event (no yield comes between)."""
-
-
-def acquire(throttler: ServiceThrottler, timeout: float, client: Client | None = None) -> Grant:
+def acquire(
+    throttler: ServiceThrottler, timeout: float, client: Client | None, act: Callable[[Effects], None]
+) -> Grant:
     """A slot on one of the service's pods, waiting in line if needed.
 
-    Raises QueueFull at once, QueueTimeout after ``timeout`` seconds, or ClientGone as
-    soon as ``client`` hangs up while waiting.
+    Raises QueueFull at once, QueueTimeout after ``timeout`` seconds, ClientGone as soon
+    as ``client`` hangs up while waiting, or Redirected. ``act`` acts on the effects of
+    giving back a slot that came too late.
     """
-    first = throttler.acquire(time.monotonic(), _not_yet)
+    first = throttler.acquire(time.monotonic())
     if isinstance(first, Grant):
         return first
-    event = Event()
-    first.notify = event.set  # before any yield: the core calls it when it hands a slot over
-    return _wait(throttler, first, event, timeout, client)
+    first.token = Event()  # before any yield: the actor sets it when the core hands the waiter a slot
+    return _wait(throttler, first, timeout, client, act)
 
 
-def acquire_retry(throttler: ServiceThrottler, failed: Grant, timeout: float, client: Client | None = None) -> Grant:
+def acquire_retry(
+    throttler: ServiceThrottler, failed: Grant, timeout: float, client: Client | None, act: Callable[[Effects], None]
+) -> Grant:
     """A slot, preferably on another pod, for a request whose connection failed.
 
-    ``failed`` is released here in every case (after the new slot is chosen, so its freed
-    slot is not the first one offered to the retry).
+    ``failed`` is given back in every case (after the new slot is chosen, so its freed slot
+    is not the first one offered to the retry).
     """
-    event = Event()
-    try:
-        first = throttler.acquire_retry(failed, time.monotonic(), event.set)
-    finally:
-        throttler.release(failed, time.monotonic())
-    return _wait(throttler, first, event, timeout, client)
+    first, effects = throttler.acquire_retry(failed, time.monotonic())
+    if isinstance(first, Waiter):
+        first.token = Event()  # the effects may hand it the failed pod's slot already
+    act(effects)
+    if isinstance(first, Grant):
+        return first
+    return _wait(throttler, first, timeout, client, act)

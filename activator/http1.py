@@ -175,7 +175,6 @@ class H1Exchange:
 
     # -- the request -------------------------------------------------------------------
 
-
     def read(self, size: int = RECV_SIZE) -> bytes:
         """The next piece of the request body (at most ``size`` bytes); b"" at its end.
 
@@ -223,7 +222,7 @@ class H1Exchange:
         return bool(self.body) or self.body_done or self.body_error is not None
 
     def fileno(self) -> int:
-        return self.conn.sock.fileno()
+        return int(self.conn.sock.fileno())
 
     # -- the response ------------------------------------------------------------------
 
@@ -317,8 +316,15 @@ class H1Exchange:
 class H1Connection(deadlines.Watched):
     """One client connection (see the module docstring). Used by one greenlet."""
 
-    def __init__(self, sock: Any, address: Any, client_timeout: float, max_header_bytes: int,
-                 max_body_bytes: int | None, scheme: str = "http") -> None:
+    def __init__(
+        self,
+        sock: Any,
+        address: Any,
+        client_timeout: float,
+        max_header_bytes: int,
+        max_body_bytes: int | None,
+        scheme: str = "http",
+    ) -> None:
         super().__init__(sock)
         self.client_ip = address[0] if isinstance(address, tuple) else str(address)
         self.client_ip_bytes = self.client_ip.encode()
@@ -370,7 +376,7 @@ class H1Connection(deadlines.Watched):
     def on_url(self, url: bytes) -> None:
         parts = self._url_parts
         parts.append(url)
-        if len(parts) > 1 and sum(map(len, parts)) > MAX_TARGET or len(url) > MAX_TARGET:
+        if (len(parts) > 1 and sum(map(len, parts)) > MAX_TARGET) or len(url) > MAX_TARGET:
             raise RequestLineTooLong(f"request target over {MAX_TARGET} bytes")
 
     def on_header(self, name: bytes, value: bytes) -> None:
@@ -420,8 +426,14 @@ class H1Connection(deadlines.Watched):
         try:
             self._check_request_line(raw_method, target, version)
             exchange.framing, exchange.host = http.check_request_head(
-                version, method, target, exchange.hosts, exchange.content_length, exchange.transfer_encodings,
-                upgrade, self.max_body_bytes,
+                version,
+                method,
+                target,
+                exchange.hosts,
+                exchange.content_length,
+                exchange.transfer_encodings,
+                upgrade,
+                self.max_body_bytes,
             )
         except ActivatorError as error:
             if error.closes_connection:
@@ -571,9 +583,8 @@ class H1Connection(deadlines.Watched):
         is the first thing the client sent, or it came on its own): then its first word is
         in plain view.
         """
-        if self._at_boundary and not self._completed_in_feed:
-            if _METHOD_THEN_SPACE.match(self._feeding):
-                return UnsupportedMethod("a method llhttp does not know")
+        if self._at_boundary and not self._completed_in_feed and _METHOD_THEN_SPACE.match(self._feeding):
+            return UnsupportedMethod("a method llhttp does not know")
         return BadRequest("malformed request line")
 
     # -- after an answer ------------------------------------------------------------------

@@ -22,8 +22,21 @@ log = logging.getLogger("activator")
 class RequestRecord:
     """One request's facts, filled in as it goes (times are monotonic seconds)."""
 
-    __slots__ = ("start", "end", "client", "method", "target", "service", "pod", "status", "reason",
-                 "queue_wait", "upstream_start", "bytes_out", "relayed")
+    __slots__ = (
+        "start",
+        "end",
+        "client",
+        "method",
+        "target",
+        "service",
+        "pod",
+        "status",
+        "reason",
+        "queue_wait",
+        "upstream_start",
+        "bytes_out",
+        "relayed",
+    )
 
     def __init__(self, start: float, client: str, method: str, target: bytes) -> None:
         self.start = start
@@ -43,13 +56,17 @@ class RequestRecord:
 
     def access_line(self, wall_clock: float) -> str:
         """HAProxy-like: time client service pod status reason Tw Tr Tt bytes "request"."""
+
         def ms(seconds: float | None) -> str:
             return "-1" if seconds is None else str(round(seconds * 1000))
+
         upstream = None if self.upstream_start is None else self.end - self.upstream_start
         stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(wall_clock))
-        return (f"{stamp}Z {self.client} {self.service} {self.pod} {self.status} {self.reason} "
-                f"Tw={ms(self.queue_wait)} Tr={ms(upstream)} Tt={ms(self.end - self.start)} "
-                f"bytes={self.bytes_out} \"{self.method} {self.target.decode('latin-1')}\"")
+        return (
+            f"{stamp}Z {self.client} {self.service} {self.pod} {self.status} {self.reason} "
+            f"Tw={ms(self.queue_wait)} Tr={ms(upstream)} Tt={ms(self.end - self.start)} "
+            f'bytes={self.bytes_out} "{self.method} {self.target.decode("latin-1")}"'
+        )
 
 
 class MetricsSink(Protocol):
@@ -86,8 +103,9 @@ class NoMetrics:
 class Observer:
     """Access log + metrics + pod-change log. Swappable parts, set by the server."""
 
-    def __init__(self, access_log: bool = True, metrics: MetricsSink | None = None,
-                 stream: IO[str] | None = None) -> None:
+    def __init__(
+        self, access_log: bool = True, metrics: MetricsSink | None = None, stream: IO[str] | None = None
+    ) -> None:
         self.access_log = access_log
         self.metrics: MetricsSink = metrics or NoMetrics()
         self._stream = stream or sys.stdout
@@ -106,8 +124,14 @@ class Observer:
                 pass
 
     def transition(self, transition: Transition) -> None:
-        log.info("service %s: pod %s %s -> %s (%s)", transition.service, transition.address,
-                 transition.old.value, transition.new.value, transition.reason)
+        log.info(
+            "service %s: pod %s %s -> %s (%s)",
+            transition.service,
+            transition.address,
+            transition.old.value,
+            transition.new.value,
+            transition.reason,
+        )
         self.metrics.transition(transition)
 
     def reload(self, ok: bool) -> None:

@@ -1,60 +1,56 @@
-"""Active health probes: one greenlet per probed pod, staggered, feeding the core.
+"""Active health probes: one greenlet per probed pod, staggered, reporting to the writer.
 
-What this module decides:
+What is probed, when a probe is due and what an outcome counts as are decided in
+``core.probes``; this module does the I/O:
 
-- Which pods are probed: every tracked pod of a service with a ``probe``, while it
-  is ``pending`` or ``healthy`` (draining and removed pods are left alone).
-- When: every ``interval``, each pod starting at a random offset within the first
-  interval, so that probes of many pods do not fire together.
-- What passes: a ``GET probe.path`` answered with 2xx or 3xx within ``timeout``.
-- Busy pods are not misjudged: a pod whose slots here are all in use is not probed
-  at all (it is visibly alive: it is serving our requests, and a probe would only
-  queue behind the work, as with a one-request-at-a-time model server); and a probe
-  that fails while requests are in flight on the pod is counted as inconclusive, not
-  as a failure. Connect errors are always counted (a pod that refuses connections is
-  down, busy or not). Passive failures on real traffic cover the rest.
-
-Probes use their own connection pool per pod, so they never take a proxied
-request's keep-alive connection. Results are applied with
-``ServiceThrottler.probe_result``, which does not yield.
+- ``sync`` keeps one greenlet per (service, pod) that ``core.probes.probed`` says is
+  probed, and stops the others; the shell calls it whenever pod states changed.
+- Each greenlet waits a random offset within the first ``interval`` (so that probes of
+  many pods do not fire together), then every ``interval``: if the probe is due (not
+  while every slot of the pod here is in use), it sends ``GET probe.path`` with its own
+  connection (never a proxied request's) and reports the ``ProbeOutcome``, judged by
+  ``core.probes.judge``, to the topology writer as a ``ProbeReport``. Inconclusive
+  verdicts are not reported.
+- The outcome comes from what happened, by type: a 2xx/3xx answer passes; another
+  status is ``BAD_STATUS``; a connection that could not be made is ``REFUSED``; no
+  complete answer in time is ``TIMED_OUT``; anything else broken is ``BROKEN``.
 """
 
 from __future__ import annotations
 
-import logging
 import random
-import time
 
 import gevent
 
 from .core.config import ProbeConfig
-from .core.errors import ActivatorError, UpstreamConnectError
+from .core.errors import UpstreamConnectError, UpstreamTimeout
+from .core.events import ProbeReport
+from .core.failures import FailureKind
 from .core.http import BodyFraming
-from .core.states import PodState
+from .core.probes import ProbeOutcome, Verdict, judge, probe_due, probed
 from .core.topology import Topology
 from .upstream import Timeouts, UpstreamBodyError, UpstreamPool
+from .writer import TopologyWriter
 
-log = logging.getLogger("activator")
-
-PROBED_STATES = (PodState.PENDING, PodState.HEALTHY)
 PROBE_HEADERS = b"User-Agent: activator-probe\r\nAccept: */*\r\n"
 
 
 class Prober:
     """Keeps one probe greenlet per (service, pod) that needs probing."""
 
-    def __init__(self, topology: Topology) -> None:
+    def __init__(self, topology: Topology, writer: TopologyWriter) -> None:
         self.topology = topology
+        self.writer = writer
         self._greenlets: dict[tuple[str, str], gevent.Greenlet] = {}
 
     def sync(self) -> None:
-        """Start probes for pods that need them, stop the others. Call after any topology change."""
+        """Start probes for pods that need them, stop the others. Does not yield."""
         wanted = set()
         for name, service in self.topology.services.items():
             if service.config.probe is None:
                 continue
             for address, tracker in service.trackers.items():
-                if tracker.state in PROBED_STATES:
+                if probed(tracker.state):
                     wanted.add((name, address))
         for key in list(self._greenlets):
             if key not in wanted or self._greenlets[key].dead:
@@ -82,20 +78,20 @@ class Prober:
                 service = self.topology.services.get(service_name)
                 tracker = service.trackers.get(address) if service else None
                 probe = service.config.probe if service else None
-                if tracker is None or probe is None or tracker.state not in PROBED_STATES:
+                if service is None or tracker is None or probe is None or not probed(tracker.state):
                     return
-                if tracker.slots is not None and tracker.in_flight >= max(tracker.slots, 1):
+                if not probe_due(tracker.in_flight, tracker.slots):
                     continue  # busy with our own requests: alive, and a probe would queue behind them
-                ok, detail = probe_once(pool, address, probe)
-                if not ok and tracker.in_flight > 0 and not detail.startswith("connect"):
-                    continue  # inconclusive: the pod may be busy with work we sent it
-                service.probe_result(address, ok, time.monotonic(), detail)
+                outcome, detail = probe_once(pool, address, probe)
+                verdict = judge(outcome, tracker.in_flight)
+                if verdict is not Verdict.INCONCLUSIVE:
+                    self.writer.post(ProbeReport(service_name, address, verdict, detail))
         finally:
             pool.close()
 
 
-def probe_once(pool: UpstreamPool, address: str, probe: ProbeConfig) -> tuple[bool, str]:
-    """One probe: (passed, why not)."""
+def probe_once(pool: UpstreamPool, address: str, probe: ProbeConfig) -> tuple[ProbeOutcome, str]:
+    """One probe: what happened, and in words."""
     headers = b"Host: %s\r\n%s" % (address.encode(), PROBE_HEADERS)
     timeouts = Timeouts(probe.timeout, probe.timeout, total=probe.timeout)
     try:
@@ -107,11 +103,13 @@ def probe_once(pool: UpstreamPool, address: str, probe: ProbeConfig) -> tuple[bo
             finally:
                 response.close()
     except UpstreamConnectError as error:
-        return False, f"connect: {error}"
-    except (ActivatorError, gevent.Timeout) as error:
-        return False, f"timeout or error: {error}"
-    except UpstreamBodyError as error:  # a body cut short, a reset: the pod is not well
-        return False, f"error: {error!r}"
+        if not error.connected:
+            return ProbeOutcome.REFUSED, f"connect: {error}"
+        return ProbeOutcome.BROKEN, str(error)
+    except (UpstreamTimeout, gevent.Timeout) as error:
+        return ProbeOutcome.TIMED_OUT, f"timeout: {error}"
+    except UpstreamBodyError as error:
+        return (ProbeOutcome.TIMED_OUT if error.kind is FailureKind.TIMEOUT else ProbeOutcome.BROKEN), str(error)
     if 200 <= response.status < 400:
-        return True, ""
-    return False, f"status {response.status}"
+        return ProbeOutcome.PASSED, ""
+    return ProbeOutcome.BAD_STATUS, f"status {response.status}"

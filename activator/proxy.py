@@ -45,13 +45,16 @@ from .core.errors import (
     UpstreamConnectError,
     UpstreamTimeout,
 )
+from .core.events import TransportFailure
+from .core.failures import CONNECT_RETRIES, FailureKind, may_retry_elsewhere
 from .core.http import BodyFraming
 from .core.throttler import Grant, ServiceThrottler
-from .core.topology import Forward, Topology
+from .core.topology import Forward, Topology, may_forward
 from .engine import EXCHANGE
 from .http1 import H1Exchange
 from .observe import Observer, RequestRecord
 from .upstream import PodConnection, Timeouts, UpstreamBodyError, UpstreamPool
+from .writer import Actor, TopologyWriter
 
 log = logging.getLogger("activator")
 
@@ -60,33 +63,23 @@ log = logging.getLogger("activator")
 #: during one shows as a failed write instead.
 HANGUP_CHECK_AFTER = 0.005
 
-#: Peer hops a request may take: the second only happens while activators disagree
-#: about who owns a service's slots (one applied a new file, the other not yet).
-MAX_PEER_HOPS = 2
-
-
-def may_forward(marker: str | None, kind: str) -> bool:
-    """Whether a request whose hops so far are ``marker`` may go on to a ``kind``.
-
-    A request goes to an owner of the service's slots in one hop. While two activators'
-    files differ, the peer it was sent to may no longer own a slot and know the new
-    owner: a second peer hop is allowed, never a third, so a disagreement cannot loop. A
-    request from a sibling worker goes nowhere else.
-    """
-    hops = [hop.split()[0] for hop in marker.split(",") if hop.strip()] if marker else []
-    if "worker" in hops:
-        return False
-    return kind == "worker" or hops.count("peer") < MAX_PEER_HOPS
-
 
 class Lease:
-    """The one owner of a request's slot: ``release`` gives it back exactly once."""
+    """The one owner of a request's slot: ``release`` gives it back exactly once.
 
-    __slots__ = ("throttler", "grant")
+    What happened to the request on the pod is recorded here too: ``answered`` when the
+    pod's answer head came (its failure streak starts over on release), a transport
+    failure as an event for the topology writer.
+    """
 
-    def __init__(self, throttler: ServiceThrottler, grant: Grant) -> None:
+    __slots__ = ("actor", "answered", "grant", "throttler", "writer")
+
+    def __init__(self, throttler: ServiceThrottler, grant: Grant, actor: Actor, writer: TopologyWriter) -> None:
         self.throttler = throttler
         self.grant: Grant | None = grant
+        self.actor = actor
+        self.writer = writer
+        self.answered = False
 
     @property
     def pod(self) -> str:
@@ -97,36 +90,41 @@ class Lease:
         """Trade the slot of a failed connect for one on another pod (gate.acquire_retry)."""
         failed, self.grant = self.grant, None
         assert failed is not None
-        self.grant = gate.acquire_retry(self.throttler, failed, timeout, client)
+        self.grant = gate.acquire_retry(self.throttler, failed, timeout, client, self.actor.act)
 
-    def record(self, kind: str | None) -> None:
-        """The pod answered (``None``) or failed with a transport failure of this kind."""
-        grant = self.grant
-        if grant is None:
-            return
-        if kind is None:
-            self.throttler.record_success(grant)
-        else:
-            self.throttler.record_failure(grant, kind, time.monotonic())
+    def failed(self, kind: FailureKind) -> None:
+        """A transport failure on this request's pod: an event for the topology writer."""
+        if self.grant is not None:
+            self.writer.post(TransportFailure(self.throttler.name, self.grant.pod.address, kind))
 
     def release(self) -> None:
         """Give the slot back. When it went straight to a waiter, let that waiter run first:
         its request is sent before this greenlet finishes its own bookkeeping."""
         grant, self.grant = self.grant, None
         if grant is not None:
-            throttler = self.throttler
-            queued = throttler.queued
-            throttler.release(grant, time.monotonic())
-            if throttler.queued < queued:
-                gevent.sleep(0)
+            effects = self.throttler.release(grant, time.monotonic(), self.answered)
+            if effects:
+                self.actor.act(effects)
+                if effects.woken:
+                    gevent.sleep(0)
 
 
 class Proxy:
     """The Falcon sink. One instance per process; the topology is swapped under it."""
 
-    def __init__(self, topology: Topology, observer: Observer, pools: Callable[[str], UpstreamPool],
-                 self_name: str = "", client_timeout: float = 60.0) -> None:
+    def __init__(
+        self,
+        topology: Topology,
+        observer: Observer,
+        pools: Callable[[str], UpstreamPool],
+        writer: TopologyWriter,
+        actor: Actor,
+        self_name: str = "",
+        client_timeout: float = 60.0,
+    ) -> None:
         self.topology = topology
+        self.writer = writer
+        self.actor = actor
         self.self_name = self_name
         self.observer = observer
         self.client_timeout = client_timeout
@@ -180,20 +178,24 @@ class Proxy:
         # Built before waiting, so that a handed-over slot is put to use at once.
         conn = exchange.conn
         header_block = http.pod_request_headers(
-            exchange.headers, exchange.lower_names, conn.client_ip_bytes, conn.scheme_bytes,
-            exchange.hosts[0] if exchange.hosts else b"", http.connection_tokens(exchange.connection_values),
+            exchange.headers,
+            exchange.lower_names,
+            conn.client_ip_bytes,
+            conn.scheme_bytes,
+            exchange.hosts[0] if exchange.hosts else b"",
+            http.connection_tokens(exchange.connection_values),
         )
         target = self.topology.forward_target(throttler.name)
         if target is None or not may_forward(marker, target.kind):
             try:
-                grant = gate.acquire(throttler, config.queue_timeout, exchange)
+                grant = gate.acquire(throttler, config.queue_timeout, exchange, self.actor.act)
             except gate.Redirected:
                 target = self.topology.forward_target(throttler.name)
                 if target is None or not may_forward(marker, target.kind):
                     raise QueueTimeout() from None
             else:
                 record.queue_wait = time.monotonic() - record.start
-                lease = Lease(throttler, grant)
+                lease = Lease(throttler, grant, self.actor, self.writer)
                 try:
                     response = self._send_to_pod(exchange, header_block, config, lease, record)
                     self._relay(exchange, response, record, lease)
@@ -214,18 +216,24 @@ class Proxy:
         if cached is not None and cached[0] is config and cached[1].client == self.client_timeout:
             return cached[1]
         extra = config.queue_timeout if forwarding else 0.0
-        timeouts = Timeouts(config.connect_timeout, config.request_timeout + extra, None,
-                            config.request_timeout + extra, self.client_timeout)
+        timeouts = Timeouts(
+            config.connect_timeout,
+            config.request_timeout + extra,
+            None,
+            config.request_timeout + extra,
+            self.client_timeout,
+        )
         if len(self._timeouts_cache) > 1024:
             self._timeouts_cache.clear()
         self._timeouts_cache[key] = (config, timeouts)
         return timeouts
 
-    def _send_to_pod(self, exchange: H1Exchange, header_block: bytes, config: ServiceConfig, lease: Lease,
-                     record: RequestRecord) -> PodConnection:
+    def _send_to_pod(
+        self, exchange: H1Exchange, header_block: bytes, config: ServiceConfig, lease: Lease, record: RequestRecord
+    ) -> PodConnection:
         """The pod's answer head (retrying a failed connect once, on another pod if one is free)."""
         waited = lease.grant is not None and lease.grant.queued
-        retries = 1
+        retries = CONNECT_RETRIES
         timeouts = self._timeouts(config)
         while True:
             record.pod = lease.pod
@@ -235,26 +243,31 @@ class Proxy:
             sent_at = time.monotonic()
             try:
                 response = self._pool_for(lease.pod).request(
-                    exchange.method, exchange.target, header_block, exchange, exchange.framing,
-                    exchange.content_length, timeouts, exchange.interim,
+                    exchange.method,
+                    exchange.target,
+                    header_block,
+                    exchange,
+                    exchange.framing,
+                    exchange.content_length,
+                    timeouts,
+                    exchange.interim,
                 )
             except UpstreamConnectError as error:
-                lease.record(getattr(error, "kind", "connect_errors"))
-                if retries and getattr(error, "retriable", False) and not self.stopping:
+                lease.failed(error.kind)
+                if may_retry_elsewhere(error.kind, error.connected, error.body_read, retries, self.stopping):
                     retries -= 1
                     lease.retry(config.queue_timeout, exchange)
                     waited = True
                     continue
                 raise
-            except UpstreamTimeout:
-                lease.record("timeouts")
+            except UpstreamTimeout as error:
+                lease.failed(error.kind)
                 raise
-            lease.record(None)
+            lease.answered = True
             record.upstream_start = sent_at
             return response
 
-    def _relay(self, exchange: H1Exchange, response: PodConnection, record: RequestRecord,
-               lease: Lease | None) -> None:
+    def _relay(self, exchange: H1Exchange, response: PodConnection, record: RequestRecord, lease: Lease | None) -> None:
         """Stream the pod's answer to the client; the pod connection is closed or pooled."""
         try:
             if time.monotonic() - record.start > HANGUP_CHECK_AFTER and hangup.hung_up(exchange.conn.sock):
@@ -264,9 +277,13 @@ class Proxy:
             status = response.status
             framing = http.client_framing(exchange.method, status, response.framing, exchange.version)
             keep_length = exchange.method == "HEAD" or status == 304
-            lines = http.response_head_lines(response.headers, response.lower_names, framing,
-                                             http.connection_tokens(response.connection_values),
-                                             keep_length=keep_length)
+            lines = http.response_head_lines(
+                response.headers,
+                response.lower_names,
+                framing,
+                http.connection_tokens(response.connection_values),
+                keep_length=keep_length,
+            )
             exchange.start(status, response.reason, lines, framing, close=response.early)
             try:
                 if response.complete:  # the whole answer came with its head (the usual small one)
@@ -278,7 +295,7 @@ class Proxy:
                 # The head is out: the only honest signal left is cutting the connection.
                 record.reason = "upstream-body-cut"
                 if lease is not None:
-                    lease.record(error.kind)
+                    lease.failed(error.kind)
                 exchange.cut()
                 return
             trailers = http.trailer_lines(response.trailers) if framing is BodyFraming.CHUNKED else ()
@@ -286,8 +303,15 @@ class Proxy:
         finally:
             response.close()
 
-    def _forward(self, exchange: H1Exchange, header_block: bytes, marker: str | None, target: Forward,
-                 config: ServiceConfig, record: RequestRecord) -> None:
+    def _forward(
+        self,
+        exchange: H1Exchange,
+        header_block: bytes,
+        marker: str | None,
+        target: Forward,
+        config: ServiceConfig,
+        record: RequestRecord,
+    ) -> None:
         """Hand the request to a peer activator, or a sibling worker, that owns slots.
 
         The receiver queues it like its own; the marker header keeps it from going on.
@@ -297,15 +321,21 @@ class Proxy:
         hop = f"{target.kind} {self.self_name if target.kind == 'peer' else self.topology.worker_index}"
         header_block += b"X-Activator-Forwarded: %s\r\n" % (f"{marker}, {hop}" if marker else hop).encode()
         response = self._pool_for(target.address).request(
-            exchange.method, exchange.target, header_block, exchange, exchange.framing, exchange.content_length,
-            self._timeouts(config, forwarding=True), exchange.interim,
+            exchange.method,
+            exchange.target,
+            header_block,
+            exchange,
+            exchange.framing,
+            exchange.content_length,
+            self._timeouts(config, forwarding=True),
+            exchange.interim,
         )
         self._relay(exchange, response, record, None)
 
 
-def make_app(proxy: Proxy) -> falcon.App:
+def make_app(proxy: Proxy) -> falcon.App[falcon.Request, falcon.Response]:
     """The WSGI app for the proxy port: every path goes to the sink."""
-    app = falcon.App(media_type=None)
+    app: falcon.App[falcon.Request, falcon.Response] = falcon.App()
     app.req_options.strip_url_path_trailing_slash = False
     # prefix "" (matches any path), not "/": every target reaches the sink.
     app.add_sink(proxy, prefix="")

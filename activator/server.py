@@ -5,18 +5,19 @@ What this module decides:
 - Listeners: made by ``sockets.listen_socket`` (TCP_NODELAY, SO_REUSEADDR) and served
   by the HTTP engine (``engine.HttpServer``): the proxy port, a worker's private port,
   and the admin port.
-- One writer of topology: config reloads, the periodic tick (drain timeouts, idle
-  pools) and probe results are applied from greenlets that never yield while they
-  change state; requests only acquire and release.
-- Reload: the file is parsed and validated in the hub's threadpool (a big file must
-  not stall requests), then swapped in on the hub without yielding. A bad file
-  changes nothing; the error is logged, counted and shown in /status. ``listen``,
-  ``admin`` and ``workers`` changes are reported as needing a restart.
-- Signals (``gevent.signal_handler`` only): SIGHUP re-reads the file; SIGTERM or
-  SIGINT starts a graceful stop: /readyz turns 503, the listener closes, new
-  requests on kept-alive connections get 503 ``shutting-down``, queued and in-flight
-  requests finish within ``grace_period``, then exit 0. A second SIGTERM or SIGINT
-  exits at once.
+- One writer of topology (``writer.TopologyWriter``): config reloads, the periodic tick
+  (drain timeouts, then idle pools closed here), probe verdicts and transport failures
+  are events applied one at a time by one greenlet; requests only acquire and release.
+  After a new configuration is applied, in the same step, the settings that live outside
+  the topology (limits, access log, StatsD, this activator's name) follow it.
+- Reload: the file is parsed, validated and diffed in the hub's threadpool (a big file
+  must not stall requests), then posted to the writer. A bad file changes nothing; the
+  error is logged, counted and shown in /status. ``listen``, ``admin`` and ``workers``
+  changes are reported as needing a restart. One reload at a time, in the order asked.
+- Signals (``signals.Signals``): SIGHUP re-reads the file; SIGTERM or SIGINT starts a
+  graceful stop: /readyz turns 503, the listener closes, new requests on kept-alive
+  connections get 503 ``shutting-down``, queued and in-flight requests finish within
+  ``grace_period``, then exit 0. A second SIGTERM or SIGINT exits at once.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ from __future__ import annotations
 import datetime
 import logging
 import os
-import signal
 import socket
 import sys
 import time
@@ -39,25 +39,24 @@ from .admin import make_admin_app
 from .configfile import load_config
 from .core.config import Address, Config, ConfigDiff, diff_configs
 from .core.errors import ConfigError
+from .core.events import ConfigChanged, Tick
+from .core.events import Event as TopologyEvent
 from .core.topology import Topology
+from .engine import HttpServer, Limits
 from .metrics import make_metrics
 from .observe import Observer
 from .prober import Prober
-from .engine import HttpServer, Limits
 from .proxy import Proxy, make_app
+from .signals import Signals
 from .sockets import listen_socket
 from .systemd import Notifier, run_watchdog
 from .upstream import UpstreamPool
 from .watcher import FileWatcher
 from .workersockets import WorkerSockets
+from .writer import Actor, TopologyWriter
 
 log = logging.getLogger("activator")
 
-TICK_SECONDS = 0.5
-#: A second stop signal this soon after the first is the same one twice: a terminal's
-#: Ctrl-C (or ``systemctl kill``) reaches both the one-file bootloader, which forwards
-#: it, and the Python process. Only a later one means "exit now".
-DUPLICATE_SIGNAL_SECONDS = 1.0
 #: The GIL switch interval while the threadpool parses a new file (Python's default: 5 ms).
 RELOAD_SWITCH_INTERVAL = 0.0005
 
@@ -84,18 +83,31 @@ class Runtime:
         self.started = time.monotonic()
         self.ready = False
         self.stopping = False
-        self._stop_signalled_at = 0.0
         self.notifier = Notifier.from_env()
         self.observer = Observer(access_log=config.access_log)
-        self.topology = Topology(config, time.monotonic(), on_transition=self.observer.transition,
-                                 worker_index=worker.index if worker else 0,
-                                 workers=worker.addresses if worker else ())
+        self.topology = Topology(
+            config,
+            time.monotonic(),
+            worker_index=worker.index if worker else 0,
+            workers=worker.addresses if worker else (),
+        )
         self.observer.metrics = make_metrics(config.statsd, self.topology)
+        self.actor = Actor(self.observer, self._states_changed)
+        self.writer = TopologyWriter(self.topology, self.actor, self._applied)
+        self.prober = Prober(self.topology, self.writer)
         self._pools: dict[str, UpstreamPool] = {}
-        self.proxy = Proxy(self.topology, self.observer, self.pool_for,
-                           config.activators.self_name if config.activators else "", config.limits.client_timeout)
-        self.prober = Prober(self.topology)
+        self.limits = limits_of(config)
+        self.proxy = Proxy(
+            self.topology,
+            self.observer,
+            self.pool_for,
+            self.writer,
+            self.actor,
+            config.activators.self_name if config.activators else "",
+            config.limits.client_timeout,
+        )
         self.watcher = FileWatcher(self.path, self.reload)
+        self.signals = Signals(lambda: self.reload("SIGHUP"), self.stop, self._exit_now)
         self._stopped = Event()
         self._reload_lock = gevent.lock.Semaphore()
         self._greenlets: list[gevent.Greenlet] = []
@@ -128,7 +140,6 @@ class Runtime:
         config = self.config
         worker = self.worker
         app = make_app(self.proxy)
-        self.limits = limits_of(config)
         self.server = HttpServer(worker.public if worker else listen_on(config.listen), app, self.limits)
         self.server.start()
         if worker is not None:
@@ -138,27 +149,33 @@ class Runtime:
             self.admin_server.start()
         elif config.admin is not None:
             if config.admin.host not in ("127.0.0.1", "::1", "localhost"):
-                log.warning("admin API listens on %s, not on loopback: anyone who can reach it sees /status",
-                            config.admin)
+                log.warning(
+                    "admin API listens on %s, not on loopback: anyone who can reach it sees /status", config.admin
+                )
             self.admin_server = HttpServer(listen_on(config.admin), make_admin_app(self), Limits())
             self.admin_server.start()
+        self.actor.act(self.topology.initial_effects)
         self.prober.sync()
         self.observer.metrics.start()
-        self._greenlets = [
-            gevent.spawn(self._tick_forever),
-            gevent.spawn(self.watcher.run),
-        ]
-        interval = self.notifier.watchdog_interval()
-        if interval:
-            self._greenlets.append(gevent.spawn(run_watchdog, self.notifier, lambda: True))  # a stuck loop stops it
-        gevent.signal_handler(signal.SIGHUP, self._on_sighup)
-        gevent.signal_handler(signal.SIGTERM, self._on_stop_signal)
-        gevent.signal_handler(signal.SIGINT, self._on_stop_signal)
+        self.writer.start()
+        self._greenlets = [gevent.spawn(self.watcher.run)]
+        if self.notifier.watchdog_interval():
+            self._greenlets.append(gevent.spawn(run_watchdog, self.notifier))  # a stuck loop stops it
+        self.signals.install()
         self.ready = True
         role = f"worker {worker.index} of {len(worker.addresses)}" if worker else f"admin {config.admin or 'off'}"
-        log.info("activator %s listening on %s (%s), %d services, config %s",
-                 __version__, config.listen, role, len(config.services), self.path)
+        log.info(
+            "activator %s listening on %s (%s), %d services, config %s",
+            __version__,
+            config.listen,
+            role,
+            len(config.services),
+            self.path,
+        )
         self.notifier.ready(self.summary())
+
+    def is_serving(self) -> bool:
+        return self.ready and not self.stopping
 
     def serve_forever(self) -> int:
         self._stopped.wait()
@@ -168,15 +185,20 @@ class Runtime:
         services = self.topology.services.values()
         healthy = sum(1 for s in services for t in s.trackers.values() if t.state.value == "healthy")
         pods = sum(len(s.trackers) for s in services)
-        return (f"{len(self.topology.services)} services, {healthy}/{pods} pods healthy, "
-                f"{sum(s.in_flight for s in services)} in flight, {sum(s.queued for s in services)} queued")
+        return (
+            f"{len(self.topology.services)} services, {healthy}/{pods} pods healthy, "
+            f"{sum(s.in_flight for s in services)} in flight, {sum(s.queued for s in services)} queued"
+        )
 
-    def _tick_forever(self) -> None:
-        while True:
-            gevent.sleep(TICK_SECONDS)
-            self.topology.tick(time.monotonic())
+    def _states_changed(self) -> None:
+        self.prober.sync()
+
+    def _applied(self, event: TopologyEvent) -> None:
+        """Right after the writer applied ``event``, in the same step (does not yield)."""
+        if isinstance(event, ConfigChanged):
+            self._follow_config(event.config)
+        elif isinstance(event, Tick):
             self._close_unused_pools()
-            self.prober.sync()
 
     # -- reload -----------------------------------------------------------------
 
@@ -197,7 +219,7 @@ class Runtime:
         switch_interval = sys.getswitchinterval()
         sys.setswitchinterval(RELOAD_SWITCH_INTERVAL)
         try:
-            new, diff, changed = gevent.get_hub().threadpool.apply(_load_and_diff, (self.path, self.config))
+            new, diff = gevent.get_hub().threadpool.apply(_load_and_diff, (self.path, self.config))
         except ConfigError as error:
             self.last_error = str(error)
             if self.topology.worker_index == 0:  # one count per activator, not per worker
@@ -207,10 +229,19 @@ class Runtime:
             return
         finally:
             sys.setswitchinterval(switch_interval)
-        # From here to the end: no yielding, so requests see the old or the new state.
+        applied = Event()
+        self.writer.post(ConfigChanged(new, diff), applied)
+        applied.wait()
+        if diff.is_empty():
+            log.info("config reload (%s): no change", reason)
+        else:
+            log.info("config reload (%s) applied:\n%s", reason, diff.describe())
+        self.notifier.ready(self.summary())
+
+    def _follow_config(self, new: Config) -> None:
+        """The settings outside the topology follow a new configuration. Does not yield."""
         old = self.config
         self.config = new
-        self.topology.apply(new, time.monotonic(), changed)
         self.observer.access_log = new.access_log
         new_limits = limits_of(new)
         for name in Limits.__slots__:
@@ -223,29 +254,15 @@ class Runtime:
             self.observer.metrics.start()
         self.loaded_at = time.time()
         self.last_error = None
-        if self.topology.worker_index == 0:
+        if self.topology.worker_index == 0:  # one count per activator, not per worker
             self.observer.reload(True)
         self.prober.sync()
-        if diff.is_empty():
-            log.info("config reload (%s): no change", reason)
-        else:
-            log.info("config reload (%s) applied:\n%s", reason, diff.describe())
-        self.notifier.ready(self.summary())
-
-    def _on_sighup(self) -> None:
-        gevent.spawn(self.reload, "SIGHUP")
 
     # -- stop -------------------------------------------------------------------
 
-    def _on_stop_signal(self) -> None:
-        now = time.monotonic()
-        if self.stopping:
-            if now - self._stop_signalled_at < DUPLICATE_SIGNAL_SECONDS:
-                return  # the same Ctrl-C, delivered to us and forwarded by the bootloader
-            log.warning("second stop signal: exiting now")
-            os._exit(0)
-        self._stop_signalled_at = now
-        gevent.spawn(self.stop)
+    def _exit_now(self) -> None:
+        log.warning("second stop signal: exiting now")
+        os._exit(0)
 
     def stop(self) -> None:
         """Graceful stop: refuse new work, let queued and in-flight requests finish."""
@@ -270,6 +287,7 @@ class Runtime:
                 server.stop(timeout=1)
         for greenlet in self._greenlets:
             greenlet.kill(block=False)
+        self.writer.stop()
         self.prober.stop()
         self.observer.metrics.stop()
         log.info("stopped")
@@ -300,44 +318,26 @@ class Runtime:
         }
 
 
-def _load_and_diff(path: str, old: Config) -> tuple[Config, ConfigDiff, set[str] | None]:
-    """Read ``path``: the new config, what applying it changes, and the names of the
-    services to re-apply (None: all, the peers changed). Runs in the threadpool: pure."""
+def _load_and_diff(path: str, old: Config) -> tuple[Config, ConfigDiff]:
+    """Read ``path``: the new config and what applying it changes. Runs in the threadpool: pure."""
     new = load_config(path)
-    if new.activators != old.activators:
-        changed = None
-    else:
-        changed = {name for name in old.services.keys() | new.services.keys()
-                   if old.services.get(name) != new.services.get(name)}
-    return new, diff_configs(old, new), changed
+    return new, diff_configs(old, new)
 
 
 def _iso(timestamp: float) -> str:
-    return datetime.datetime.fromtimestamp(timestamp, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.datetime.fromtimestamp(timestamp, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def setup_logging() -> None:
-    logging.basicConfig(stream=sys.stderr, level=os.environ.get("ACTIVATOR_LOG_LEVEL", "INFO").upper(),
-                        format="%(asctime)s %(levelname)s %(message)s")
+    logging.basicConfig(
+        stream=sys.stderr,
+        level=os.environ.get("ACTIVATOR_LOG_LEVEL", "INFO").upper(),
+        format="%(asctime)s %(levelname)s %(message)s",
+    )
 
 
-def run(config_path: str) -> int:
-    """``activator run``: serve until stopped. Returns the exit code.
-
-    With ``workers: N > 1`` this process becomes the supervisor of N workers
-    (``workers.py``); a worker is this same command started by the supervisor.
-    """
-    setup_logging()
-    try:
-        config = load_config(config_path)
-    except ConfigError as error:
-        print(f"activator: {error}", file=sys.stderr)
-        return 2
-    worker = WorkerSockets.from_env()
-    if worker is None and config.workers > 1:
-        from .workers import Supervisor
-
-        return Supervisor(config).run()
+def run(config: Config, worker: WorkerSockets | None) -> int:
+    """Serve ``config`` as one activator process until stopped. Returns the exit code."""
     runtime = Runtime(config, worker=worker)
     try:
         runtime.start()

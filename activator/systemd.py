@@ -148,10 +148,6 @@ class Notifier:
             return self.notify(READY=1)
         return self.notify(READY=1, STATUS=status)
 
-    def status(self, text: str) -> bool:
-        """``STATUS=text``: one line shown by ``systemctl status``."""
-        return self.notify(STATUS=text)
-
     def reloading(self, status: str | None = None) -> bool:
         """``RELOADING=1`` with ``MONOTONIC_USEC``; send ``ready()`` once reloaded."""
         fields: dict[str, object] = {"RELOADING": 1, "MONOTONIC_USEC": _monotonic_usec()}
@@ -169,30 +165,17 @@ class Notifier:
         """``WATCHDOG=1``: one keep-alive ping."""
         return self.notify(WATCHDOG=1)
 
-    def extend_timeout(self, seconds: float) -> bool:
-        """``EXTEND_TIMEOUT_USEC``: ask for ``seconds`` more before systemd gives up.
 
-        Useful while draining when the drain may outlast ``TimeoutStopSec``.
-        """
-        return self.notify(EXTEND_TIMEOUT_USEC=max(0, int(seconds * 1_000_000)))
-
-
-def run_watchdog(
-    notifier: Notifier,
-    is_alive: Callable[[], bool],
-    *,
-    sleep: Callable[[float], object] | None = None,
-) -> None:
-    """Greenlet body: ping ``WATCHDOG=1`` every interval while ``is_alive()`` is true.
+def run_watchdog(notifier: Notifier, *, sleep: Callable[[float], object] | None = None) -> None:
+    """Greenlet body: ping ``WATCHDOG=1`` every interval.
 
     Returns at once when systemd asked for no watchdog. Otherwise it runs until killed:
-    ``gevent.spawn(run_watchdog, notifier, server.is_alive)``. The pings come from the
-    event loop, so a loop that stops turning stops them. When ``is_alive()`` is false
-    (or raises) the ping is skipped, and systemd restarts the service once
+    ``gevent.spawn(run_watchdog, notifier)``. The pings come from the event loop, so a
+    loop that stops turning stops them, and systemd restarts the service once
     ``WatchdogSec`` passes without one. systemd stops enforcing the watchdog once the
     service is stopping (after ``STOPPING=1`` or SIGTERM; checked on systemd 252 with a
-    drain longer than ``WatchdogSec``), so at stop simply kill this greenlet: an
-    ``is_alive()`` that turns false logs a warning. ``sleep`` defaults to ``gevent.sleep``.
+    drain longer than ``WatchdogSec``), so at stop simply kill this greenlet. ``sleep``
+    defaults to ``gevent.sleep``.
     """
     interval = notifier.watchdog_interval()
     if interval is None:
@@ -201,16 +184,6 @@ def run_watchdog(
         import gevent
 
         sleep = gevent.sleep
-    healthy = True
     while True:
-        try:
-            alive = bool(is_alive())
-        except Exception:
-            log.exception("watchdog health check failed")
-            alive = False
-        if alive:
-            notifier.watchdog()
-        elif healthy:
-            log.warning("not healthy: withholding systemd watchdog pings")
-        healthy = alive
+        notifier.watchdog()
         sleep(interval)

@@ -52,9 +52,8 @@ Retry rule
     A reused idle connection that fails before any response byte (send error, EOF or reset
     while waiting for the head) is retried exactly once on a fresh connection, if the whole
     request is still in hand (no body, or a body that fit in the first write). Failures on
-    fresh connections are not retried here; the error says whether the proxy may retry on
-    another pod (``UpstreamConnectError.retriable``: only when no connection could be
-    established and nothing of the body was consumed).
+    fresh connections are not retried here; the error carries what the proxy's retry rule
+    needs (``UpstreamConnectError.connected`` / ``body_read``, ``core.failures``).
 """
 
 from __future__ import annotations
@@ -72,15 +71,16 @@ from gevent.select import select as gselect
 
 from . import deadlines
 from .core.errors import ClientTimeout, UpstreamBadResponse, UpstreamConnectError, UpstreamTimeout
+from .core.failures import FailureKind
 from .core.http import BodyFraming, Header
 
 __all__ = [
     "BodySource",
+    "PodConnection",
     "Timeouts",
     "UpstreamBodyError",
     "UpstreamBodyTimeout",
     "UpstreamIdle",
-    "PodConnection",
     "UpstreamPool",
 ]
 
@@ -123,8 +123,14 @@ class Timeouts:
 
     __slots__ = ("connect", "response_start", "idle", "total", "client")
 
-    def __init__(self, connect: float, response_start: float, idle: float | None = None,
-                 total: float | None = None, client: float = 60.0) -> None:
+    def __init__(
+        self,
+        connect: float,
+        response_start: float,
+        idle: float | None = None,
+        total: float | None = None,
+        client: float = 60.0,
+    ) -> None:
         self.connect = connect
         self.response_start = response_start
         self.idle = idle
@@ -140,37 +146,33 @@ class UpstreamBodyError(Exception):
     the client's connection.
     """
 
-    kind = "resets"
+    kind = FailureKind.RESET
 
 
 class UpstreamBodyTimeout(UpstreamBodyError):
     """The response did not finish within the exchange's ``total`` time."""
 
-    kind = "timeouts"
+    kind = FailureKind.TIMEOUT
 
 
 class UpstreamIdle(UpstreamBodyError):
     """The pod sent nothing for ``idle`` seconds mid-body."""
 
-    kind = "timeouts"
+    kind = FailureKind.TIMEOUT
 
 
 class _Stale(Exception):
     """A reused connection died before any response byte: retry on a fresh one."""
 
 
-def _connect_error(message: str, *, retriable: bool, kind: str = "connect_errors",
-                   cls: type[UpstreamConnectError] = UpstreamConnectError) -> UpstreamConnectError:
-    error = cls(message)
-    error.retriable = retriable  # type: ignore[attr-defined]
-    error.kind = kind  # type: ignore[attr-defined]
-    return error
+def _connect_error(
+    message: str, *, connected: bool = True, cls: type[UpstreamConnectError] = UpstreamConnectError
+) -> UpstreamConnectError:
+    return cls(message, connected=connected, body_read=connected)
 
 
 def _timeout_error(message: str) -> UpstreamTimeout:
-    error = UpstreamTimeout(message)
-    error.kind = "timeouts"  # type: ignore[attr-defined]
-    return error
+    return UpstreamTimeout(message)
 
 
 def _readable_or_closed(fd: int) -> bool:
@@ -216,7 +218,7 @@ class UpstreamPool:
             sock.setsockopt(_IPPROTO_TCP, _TCP_NODELAY, 1)
             sock.settimeout(None)  # from now on, deadlines (see ``deadlines``)
         except OSError as error:  # refused, unreachable, timeout, name resolution
-            raise _connect_error(f"connect to {self.where} failed: {error!r}", retriable=True) from error
+            raise _connect_error(f"connect to {self.where} failed: {error!r}", connected=False) from error
         return PodConnection(self, sock)
 
     def give_back(self, conn: PodConnection) -> None:
@@ -283,9 +285,12 @@ class UpstreamPool:
                 return conn
             except _Stale:
                 if not conn.replayable:
-                    raise _connect_error(f"{self.where} closed a kept-alive connection mid-request",
-                                         retriable=False) from None
-                fresh = self._connect(timeouts.connect)
+                    raise _connect_error(f"{self.where} closed a kept-alive connection mid-request") from None
+                try:
+                    fresh = self._connect(timeouts.connect)
+                except UpstreamConnectError as error:
+                    error.body_read = framing is not BodyFraming.NONE  # the first write took it
+                    raise
                 fresh.begin(method, body, framing, content_length, timeouts, interim)
                 fresh.replayable = conn.replayable
                 conn = fresh
@@ -303,12 +308,46 @@ class PodConnection(deadlines.Watched):
     as the connection (llhttp starts over after each message).
     """
 
-    __slots__ = ("pool", "fd", "idle_since", "status", "reason", "headers", "trailers", "framing", "content_length", "early",
-                 "upgraded", "tunnel_data", "head_done", "complete", "received", "replayable", "lower_names",
-                 "connection_values", "_parser",
-                 "_method", "_head_only", "_body", "_framing_out", "_length_out", "_timeouts", "_interim",
-                 "_remaining", "_sent_at", "_reason_parts", "_interims", "_pending", "_keep_alive", "_extra",
-                 "_head_buffer", "_total_deadline", "_open", "_chunked", "_other_coding")
+    __slots__ = (
+        "pool",
+        "fd",
+        "idle_since",
+        "status",
+        "reason",
+        "headers",
+        "trailers",
+        "framing",
+        "content_length",
+        "early",
+        "upgraded",
+        "tunnel_data",
+        "head_done",
+        "complete",
+        "received",
+        "replayable",
+        "lower_names",
+        "connection_values",
+        "_parser",
+        "_method",
+        "_head_only",
+        "_body",
+        "_framing_out",
+        "_length_out",
+        "_timeouts",
+        "_interim",
+        "_remaining",
+        "_sent_at",
+        "_reason_parts",
+        "_interims",
+        "_pending",
+        "_keep_alive",
+        "_extra",
+        "_head_buffer",
+        "_total_deadline",
+        "_open",
+        "_chunked",
+        "_other_coding",
+    )
 
     def __init__(self, pool: UpstreamPool, sock: Any) -> None:
         super().__init__(sock)
@@ -322,8 +361,15 @@ class PodConnection(deadlines.Watched):
     def __repr__(self) -> str:
         return f"<PodConnection {self.pool.where} {self.status} {self.framing.value}>"
 
-    def begin(self, method: str, body: BodySource | None, framing: BodyFraming, content_length: int | None,
-              timeouts: Timeouts, interim: InterimCallback | None) -> None:
+    def begin(
+        self,
+        method: str,
+        body: BodySource | None,
+        framing: BodyFraming,
+        content_length: int | None,
+        timeouts: Timeouts,
+        interim: InterimCallback | None,
+    ) -> None:
         """Start a new exchange on this connection."""
         if self._parser is None:
             self._parser = httptools.HttpResponseParser(self)
@@ -398,17 +444,16 @@ class PodConnection(deadlines.Watched):
                     sock.sendall(memoryview(payload)[sent:])
             except OSError as error:
                 if self.timed_out:
-                    raise _timeout_error(f"{self.pool.where} did not take the request within "
-                                         f"{self._timeouts.response_start}s") from error
+                    raise _timeout_error(
+                        f"{self.pool.where} did not take the request within {self._timeouts.response_start}s"
+                    ) from error
                 if reused:
                     raise _Stale() from error
-                raise _connect_error(f"{self.pool.where} failed while the request was sent: {error!r}",
-                                     retriable=False) from error
+                raise _connect_error(f"{self.pool.where} failed while the request was sent: {error!r}") from error
             finally:
                 self.deadline = 0.0
-            if self._remaining:
-                if self._send_rest():  # the pod answered first
-                    self.early = True
+            if self._remaining and self._send_rest():  # the pod answered first
+                self.early = True
             if not self.head_done:
                 self.deadline = time.monotonic() + self._timeouts.response_start
                 try:
@@ -481,12 +526,11 @@ class PodConnection(deadlines.Watched):
                     raise _timeout_error(f"{self.pool.where} did not take the request body within {timeout}s") from None
                 continue
             try:
-                view = view[sock.send(view):]
+                view = view[sock.send(view) :]
             except OSError as error:
                 if self._pod_spoke():
                     return
-                raise _connect_error(f"{self.pool.where} failed while the request body was sent: {error!r}",
-                                     retriable=False) from error
+                raise _connect_error(f"{self.pool.where} failed while the request body was sent: {error!r}") from error
 
     # -- reading the head ----------------------------------------------------------------------
 
@@ -500,21 +544,22 @@ class PodConnection(deadlines.Watched):
             data = sock.recv(BLOCK_SIZE)
         except OSError as error:
             if self.timed_out:
-                raise _timeout_error(f"{where} sent no response head within {self._timeouts.response_start}s") from error
+                raise _timeout_error(
+                    f"{where} sent no response head within {self._timeouts.response_start}s"
+                ) from error
             if reused and not self.received:
                 raise _Stale() from error
-            raise _connect_error(f"{where} failed before a response head: {error!r}", retriable=False) from error
+            raise _connect_error(f"{where} failed before a response head: {error!r}") from error
         if not data:
             if self.timed_out:
                 raise _timeout_error(f"{where} sent no response head within {self._timeouts.response_start}s")
             if reused and not self.received:
                 raise _Stale()
-            raise _connect_error(f"{where} closed the connection before a complete response head", retriable=False)
+            raise _connect_error(f"{where} closed the connection before a complete response head")
         try:
             self._feed_head(data)
         except httptools.HttpParserError as error:
-            raise _connect_error(f"{where} sent a malformed response head: {error}", retriable=False,
-                                 cls=UpstreamBadResponse) from error
+            raise _connect_error(f"{where} sent a malformed response head: {error}", cls=UpstreamBadResponse) from error
         interims = self._interims
         if interims:
             self._interims = []
@@ -699,8 +744,16 @@ class PodConnection(deadlines.Watched):
         return UpstreamBodyError(f"the response body broke off: {cause!r}")
 
     def reusable(self) -> bool:
-        return (self.complete and self._keep_alive and not self._extra and not self.early and not self.upgraded
-                and self.framing is not BodyFraming.CLOSE and not self.timed_out and self._open)
+        return (
+            self.complete
+            and self._keep_alive
+            and not self._extra
+            and not self.early
+            and not self.upgraded
+            and self.framing is not BodyFraming.CLOSE
+            and not self.timed_out
+            and self._open
+        )
 
     def close(self) -> None:
         """End the exchange: pooled if the response was read to its end and the connection

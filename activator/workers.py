@@ -11,9 +11,9 @@ What this module decides:
   workers together never exceed a pod's limit. A worker that owns no slot of a
   service forwards its requests to a sibling that does (one hop, on the sibling's
   private port): no worker is a black hole.
-- The supervisor serves the admin API: /healthz; /readyz (200 when every worker is
-  ready); /status and the page merge the workers' views (sums of counts, a pod's
-  state as every worker sees it).
+- The supervisor serves the admin API with the same resources as a single process
+  (``admin.make_admin_app``): /readyz is 200 when every worker is ready; /status and the
+  page merge the workers' views (``core.status.merge_worker_statuses``).
 - Signals: SIGHUP is passed to every worker (each re-reads the file); SIGTERM or
   SIGINT stops them gracefully (a second one kills them); a worker that dies
   unexpectedly is restarted on the same sockets. systemd hears READY=1 once every
@@ -32,13 +32,14 @@ from typing import Any
 
 import gevent
 import gevent.subprocess
-import falcon
 from gevent.event import Event
 
-from . import admin as admin_api
-from .core.config import Address, Config
+from .admin import make_admin_app
+from .core.config import Config
+from .core.status import merge_worker_statuses
 from .engine import HttpServer, Limits
-from .server import DUPLICATE_SIGNAL_SECONDS, listen_on
+from .signals import Signals
+from .sockets import listen_socket
 from .systemd import Notifier, run_watchdog
 from .workersockets import ENV, WorkerSockets
 
@@ -54,60 +55,11 @@ def worker_command(config_path: str) -> list[str]:
     return [sys.executable, "-m", "activator", "run", "-c", config_path]
 
 
-def merge_statuses(statuses: list[dict[str, Any]]) -> dict[str, Any]:
-    """One activator's status from its workers' (same shape as a single process's)."""
-    merged = json.loads(json.dumps(statuses[0]))
-    merged["ready"] = all(s["ready"] for s in statuses)
-    merged["worker"] = {"count": len(statuses)}
-    merged["workers"] = [{"index": s["worker"]["index"], "ready": s["ready"]} for s in statuses]
-    services: dict[str, Any] = {}
-    for status in statuses:
-        for name, service in status["services"].items():
-            into = services.get(name)
-            if into is None:
-                into = services[name] = json.loads(json.dumps(service))
-                into["pods"] = {}
-                for key in ("capacity", "in_flight", "queued"):
-                    into[key] = 0
-                into["forward_to"] = None
-            for key in ("in_flight", "queued"):
-                into[key] += service[key]
-            if into["capacity"] is None or service["capacity"] is None:
-                into["capacity"] = None
-            else:
-                into["capacity"] += service["capacity"]
-            for pod in service["pods"]:
-                seen = into["pods"].get(pod["address"])
-                if seen is None:
-                    seen = into["pods"][pod["address"]] = dict(pod, states=[], in_flight=0, slots=0, requests=0)
-                seen["states"].append(pod["state"])
-                seen["in_flight"] += pod["in_flight"]
-                seen["requests"] += pod["requests"]
-                seen["failures"] = max(seen["failures"], pod["failures"])
-                seen["slots"] = None if seen["slots"] is None or pod["slots"] is None else seen["slots"] + pod["slots"]
-    for name, service in services.items():
-        # The activator forwards a service when none of its workers owns a slot of it:
-        # every worker then names the same peer (a worker forwarding to a sibling is
-        # internal, the activator still serves the service itself).
-        forwards = {s["services"][name].get("forward_to") for s in statuses if name in s["services"]}
-        if len(forwards) == 1:
-            (only,) = forwards
-            if isinstance(only, str) and only.startswith("peer "):
-                service["forward_to"] = only
-        pods = list(service["pods"].values())
-        for pod in pods:
-            states = sorted(set(pod["states"]))
-            pod["state"] = states[0] if len(states) == 1 else "/".join(states)
-        service["pods"] = pods
-    merged["services"] = services
-    return merged
-
-
 class Worker:
     def __init__(self, index: int, addresses: list[str], public: Any, private: Any, admin: Any) -> None:
         self.index = index
         self.sockets = (public, private, admin)
-        self.admin_address = "127.0.0.1:%d" % admin.getsockname()[1]
+        self.admin_address = f"127.0.0.1:{admin.getsockname()[1]}"
         self.spec = WorkerSockets.encode(index, addresses, public.fileno(), private.fileno(), admin.fileno())
         self.process: gevent.subprocess.Popen | None = None
 
@@ -119,16 +71,18 @@ class Supervisor:
         self.config = config
         self.notifier = Notifier.from_env()
         self.stopping = False
-        self._stop_signalled_at = 0.0
+        self.signals = Signals(lambda: self._signal_all(signal.SIGHUP), self._stop, self._kill_all)
         self._done = Event()
-        public = listen_on(config.listen)
-        privates = [listen_on(Address("127.0.0.1", 0)) for _ in range(config.workers)]
-        admins = [listen_on(Address("127.0.0.1", 0)) for _ in range(config.workers)]
-        addresses = ["127.0.0.1:%d" % s.getsockname()[1] for s in privates]
+        public = listen_socket(config.listen.host, config.listen.port)
+        privates = [listen_socket("127.0.0.1", 0) for _ in range(config.workers)]
+        admins = [listen_socket("127.0.0.1", 0) for _ in range(config.workers)]
+        addresses = [f"127.0.0.1:{s.getsockname()[1]}" for s in privates]
         self.workers = [Worker(i, addresses, public, privates[i], admins[i]) for i in range(config.workers)]
         self.admin_server: HttpServer | None = None
         if config.admin is not None:
-            self.admin_server = HttpServer(listen_on(config.admin), self._admin_app(), Limits())
+            self.admin_server = HttpServer(
+                listen_socket(config.admin.host, config.admin.port), make_admin_app(self), Limits()
+            )
 
     # -- workers ----------------------------------------------------------------
 
@@ -167,8 +121,15 @@ class Supervisor:
 
         host, _, port = worker.admin_address.rpartition(":")
         pool = UpstreamPool(host, int(port), max_idle=0)
-        response = pool.request("GET", path.encode(), b"Host: %s\r\n" % worker.admin_address.encode(), None,
-                                BodyFraming.NONE, None, Timeouts(2.0, 5.0, total=5.0))
+        response = pool.request(
+            "GET",
+            path.encode(),
+            b"Host: %s\r\n" % worker.admin_address.encode(),
+            None,
+            BodyFraming.NONE,
+            None,
+            Timeouts(2.0, 5.0, total=5.0),
+        )
         try:
             return response.status, b"".join(response.body())
         finally:
@@ -179,44 +140,28 @@ class Supervisor:
         jobs = [gevent.spawn(self._fetch, w, "/status") for w in self.workers]
         gevent.joinall(jobs, timeout=6)
         statuses = []
-        for worker, job in zip(self.workers, jobs):
+        for worker, job in zip(self.workers, jobs, strict=False):
             if job.successful() and job.value[0] == 200:
                 statuses.append(json.loads(job.value[1]))
             else:
-                statuses.append({"ready": False, "worker": {"index": worker.index}, "services": {},
-                                 "version": "", "config": {}, "activator": {}})
-        merged = merge_statuses(statuses)
+                statuses.append(
+                    {
+                        "ready": False,
+                        "worker": {"index": worker.index},
+                        "services": {},
+                        "version": "",
+                        "config": {},
+                        "activator": {},
+                    }
+                )
+        merged = merge_worker_statuses(statuses)
         merged["stopping"] = self.stopping
         merged["ready"] = merged["ready"] and not self.stopping
         return merged
 
-    def _admin_app(self) -> falcon.App:
-        supervisor = self
-
-        class Ready:
-            def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
-                ready = not supervisor.stopping and all(
-                    _ok(lambda w=w: supervisor._fetch(w, "/readyz")) for w in supervisor.workers)
-                resp.status = 200 if ready else 503
-                resp.content_type = "text/plain"
-                resp.text = "ready\n" if ready else "not ready\n"
-
-        class Status:
-            def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
-                resp.content_type = "application/json"
-                resp.text = json.dumps(supervisor.status(), indent=2)
-
-        class Page:
-            def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
-                resp.content_type = "text/html; charset=utf-8"
-                resp.text = admin_api.render_page(supervisor.status())
-
-        app = falcon.App()
-        app.add_route("/healthz", admin_api.Health())
-        app.add_route("/readyz", Ready())
-        app.add_route("/status", Status())
-        app.add_route("/", Page())
-        return app
+    def is_serving(self) -> bool:
+        """Every worker serving, and the supervisor not stopping (asks each worker)."""
+        return not self.stopping and all(_ok(lambda w=w: self._fetch(w, "/readyz")) for w in self.workers)
 
     # -- lifecycle --------------------------------------------------------------
 
@@ -226,11 +171,9 @@ class Supervisor:
         watchers = [gevent.spawn(self._watch, w) for w in self.workers]
         if self.admin_server is not None:
             self.admin_server.start()
-        gevent.signal_handler(signal.SIGHUP, lambda: self._signal_all(signal.SIGHUP))
-        gevent.signal_handler(signal.SIGTERM, self._on_stop_signal)
-        gevent.signal_handler(signal.SIGINT, self._on_stop_signal)
+        self.signals.install()
         if self.notifier.watchdog_interval():
-            gevent.spawn(run_watchdog, self.notifier, lambda: True)
+            gevent.spawn(run_watchdog, self.notifier)
         gevent.spawn(self._announce_ready)
         self._done.wait()
         gevent.killall(watchers)
@@ -244,15 +187,9 @@ class Supervisor:
                 return
             gevent.sleep(0.1)
 
-    def _on_stop_signal(self) -> None:
-        now = time.monotonic()
-        if self.stopping:
-            if now - self._stop_signalled_at < DUPLICATE_SIGNAL_SECONDS:
-                return  # one Ctrl-C seen twice (see server.DUPLICATE_SIGNAL_SECONDS)
-            self._signal_all(signal.SIGKILL)
-            os._exit(0)
-        self._stop_signalled_at = now
-        gevent.spawn(self._stop)
+    def _kill_all(self) -> None:
+        self._signal_all(signal.SIGKILL)
+        os._exit(0)
 
     def _stop(self) -> None:
         self.stopping = True

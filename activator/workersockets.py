@@ -32,8 +32,9 @@ class WorkerSockets:
 
     @staticmethod
     def encode(index: int, addresses: list[str], public: int, private: int, admin: int) -> str:
-        return json.dumps({"index": index, "addresses": addresses, "public": public,
-                           "private": private, "admin": admin})
+        return json.dumps(
+            {"index": index, "addresses": addresses, "public": public, "private": private, "admin": admin}
+        )
 
     @classmethod
     def from_env(cls) -> WorkerSockets | None:
@@ -47,5 +48,10 @@ class WorkerSockets:
             sock.setblocking(False)
             return sock
 
-        return cls(index=spec["index"], addresses=tuple(spec["addresses"]), public=adopt(spec["public"]),
-                   private=adopt(spec["private"]), admin=adopt(spec["admin"]))
+        return cls(
+            index=spec["index"],
+            addresses=tuple(spec["addresses"]),
+            public=adopt(spec["public"]),
+            private=adopt(spec["private"]),
+            admin=adopt(spec["admin"]),
+        )

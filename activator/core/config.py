@@ -22,6 +22,7 @@ need a restart (listen, admin, workers). ``describe_config`` is what ``check`` p
 from __future__ import annotations
 
 import difflib
+import enum
 import ipaddress
 import math
 import re
@@ -328,8 +329,7 @@ class _Parser:
             if match is None:
                 raise self.fail(
                     path,
-                    "must be seconds or a number with a unit ms, s, m or h "
-                    f"(like 250ms, 30s, 5m, 1h), got {value!r}",
+                    f"must be seconds or a number with a unit ms, s, m or h (like 250ms, 30s, 5m, 1h), got {value!r}",
                 )
             seconds = float(match.group(1)) * _DURATION_UNITS[match.group(2)]
         elif isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -397,11 +397,7 @@ class _Parser:
                 return str(ipaddress.IPv4Address(host))
             except ValueError:
                 raise self.fail(path, f"{text!r} is not a valid IPv4 address") from None
-        if not (
-            host.isascii()
-            and len(host) <= 253
-            and all(_HOST_LABEL.fullmatch(label) for label in host.split("."))
-        ):
+        if not (host.isascii() and len(host) <= 253 and all(_HOST_LABEL.fullmatch(label) for label in host.split("."))):
             raise self.fail(path, f"{text!r} is not a valid host name or IP address")
         return host
 
@@ -516,8 +512,7 @@ class _Parser:
                 if pod.address in pod_owner:
                     raise self.fail(
                         (*path, name, "pods", index),
-                        f"pod {pod.address} is in both services "
-                        f"{pod_owner[pod.address]} and {name}",
+                        f"pod {pod.address} is in both services {pod_owner[pod.address]} and {name}",
                     )
                 pod_owner[pod.address] = name
             services[name] = service
@@ -539,9 +534,7 @@ class _Parser:
         return ServiceConfig(
             name=name,
             hosts=self.hosts(m.required("hosts"), m.path("hosts")),
-            container_concurrency=m.integer(
-                "container_concurrency", d.container_concurrency, minimum=0
-            ),
+            container_concurrency=m.integer("container_concurrency", d.container_concurrency, minimum=0),
             queue_depth=m.integer("queue_depth", d.queue_depth, minimum=0),
             queue_timeout=m.duration("queue_timeout", d.queue_timeout),
             connect_timeout=m.duration("connect_timeout", d.connect_timeout, positive=True),
@@ -641,8 +634,7 @@ class _Parser:
         else:
             raise self.fail(
                 path,
-                "a pod is host:port or {address: host:port, drain: true}, "
-                f"got {_describe_value(value)}",
+                f"a pod is host:port or {{address: host:port, drain: true}}, got {_describe_value(value)}",
             )
         return PodConfig(address=str(address), host=address.host, port=address.port, drain=drain)
 
@@ -716,31 +708,82 @@ class Change:
         return f"{self.name} {_show(self.old)} -> {_show(self.new)}"
 
 
+class Listing(enum.Enum):
+    """How a file lists a pod: the part of a config change the pod state machine sees."""
+
+    ABSENT = "absent"
+    ACTIVE = "active"  # listed, drain: false
+    DRAINED = "drained"  # listed, drain: true
+
+
+@dataclass(frozen=True)
+class PodChange:
+    """A pod whose listing differs between two configs of a service."""
+
+    address: str
+    before: Listing
+    after: Listing
+
+
+def pod_changes(old: ServiceConfig | None, new: ServiceConfig | None) -> tuple[PodChange, ...]:
+    """The pods whose listing changes, in file order (old pods first). Pure.
+
+    This is the one definition of what a change of ``pods`` means: ``diff_configs``
+    describes it, the throttler applies it.
+    """
+    before = {pod.address: pod.drain for pod in (old.pods if old else ())}
+    after = {pod.address: pod.drain for pod in (new.pods if new else ())}
+    changes = []
+    for address in [*before, *(a for a in after if a not in before)]:
+        was, now = _listing(before.get(address)), _listing(after.get(address))
+        if was is not now:
+            changes.append(PodChange(address, was, now))
+    return tuple(changes)
+
+
+def _listing(drain: bool | None) -> Listing:
+    if drain is None:
+        return Listing.ABSENT
+    return Listing.DRAINED if drain else Listing.ACTIVE
+
+
 @dataclass(frozen=True)
 class ServiceDiff:
-    """What changes for one service. Pod addresses are canonical ``host:port``.
+    """What changes for one service: its pods' listings and its settings.
 
-    A pod is listed "active" (``drain: false``), "drained" (``drain: true``) or not at all:
-    ``add_pods`` were not listed and are now active; ``drain_pods`` were active and are now
-    drained or unlisted, or appear already drained; ``undrain_pods`` were drained and are
-    active again; ``unlist_pods`` were drained and are now unlisted.
+    ``pods`` holds every pod whose listing changes (``pod_changes``). In words: ``add_pods``
+    were not listed and are now active; ``drain_pods`` were active and are now drained or
+    unlisted, or appear already drained; ``undrain_pods`` were drained and are active
+    again; ``unlist_pods`` were drained and are now unlisted.
     """
 
     name: str
-    add_pods: tuple[str, ...] = ()
-    drain_pods: tuple[str, ...] = ()
-    undrain_pods: tuple[str, ...] = ()
-    unlist_pods: tuple[str, ...] = ()
+    pods: tuple[PodChange, ...] = ()
     changes: tuple[Change, ...] = ()
 
-    def is_empty(self) -> bool:
-        return not (
-            self.add_pods
-            or self.drain_pods
-            or self.undrain_pods
-            or self.unlist_pods
-            or self.changes
+    def _addresses(self, *moves: tuple[Listing, Listing]) -> tuple[str, ...]:
+        return tuple(change.address for change in self.pods if (change.before, change.after) in moves)
+
+    @property
+    def add_pods(self) -> tuple[str, ...]:
+        return self._addresses((Listing.ABSENT, Listing.ACTIVE))
+
+    @property
+    def drain_pods(self) -> tuple[str, ...]:
+        return self._addresses(
+            (Listing.ACTIVE, Listing.DRAINED), (Listing.ACTIVE, Listing.ABSENT), (Listing.ABSENT, Listing.DRAINED)
         )
+
+    @property
+    def undrain_pods(self) -> tuple[str, ...]:
+        return self._addresses((Listing.DRAINED, Listing.ACTIVE))
+
+    @property
+    def unlist_pods(self) -> tuple[str, ...]:
+        return self._addresses((Listing.DRAINED, Listing.ABSENT))
+
+    def is_empty(self) -> bool:
+        return not (self.pods or self.changes)
 
 
 @dataclass(frozen=True)
@@ -759,13 +802,18 @@ class ConfigDiff:
     restart_needed: tuple[Change, ...] = ()
     changes: tuple[Change, ...] = ()
 
+    @property
+    def peers_changed(self) -> bool:
+        """The activators changed: every service's slots are divided again."""
+        return any(change.name.split(".")[0] == "activators" for change in self.changes)
+
+    def service(self, name: str) -> ServiceDiff | None:
+        """The diff of one service, or None when it does not change."""
+        return next((service for service in self.services if service.name == name), None)
+
     def is_empty(self) -> bool:
         return not (
-            self.added_services
-            or self.removed_services
-            or self.services
-            or self.restart_needed
-            or self.changes
+            self.added_services or self.removed_services or self.services or self.restart_needed or self.changes
         )
 
     def describe(self) -> str:
@@ -804,27 +852,10 @@ def diff_configs(old: Config, new: Config) -> ConfigDiff:
 
 
 def _service_diff(name: str, old: ServiceConfig | None, new: ServiceConfig | None) -> ServiceDiff:
-    before = {pod.address: pod.drain for pod in (old.pods if old else ())}
-    after = {pod.address: pod.drain for pod in (new.pods if new else ())}
-    add: list[str] = []
-    drain: list[str] = []
-    undrain: list[str] = []
-    unlist: list[str] = []
-    for address in [*before, *(a for a in after if a not in before)]:
-        # None: not listed; False: listed; True: listed with drain: true.
-        was, now = before.get(address), after.get(address)
-        if was is None and now is False:
-            add.append(address)
-        elif was is True and now is False:
-            undrain.append(address)
-        elif (was is False and now is not False) or (was is None and now is True):
-            drain.append(address)
-        elif was is True and now is None:
-            unlist.append(address)
     changes: tuple[Change, ...] = ()
     if old is not None and new is not None:
         changes = tuple(c for c in _changes("", old, new) if c.name not in ("name", "pods"))
-    return ServiceDiff(name, tuple(add), tuple(drain), tuple(undrain), tuple(unlist), changes)
+    return ServiceDiff(name, pod_changes(old, new), changes)
 
 
 def _changes(prefix: str, old: object, new: object) -> list[Change]:
@@ -835,14 +866,14 @@ def _changes(prefix: str, old: object, new: object) -> list[Change]:
     one change.
     """
     changes: list[Change] = []
-    for f in fields(old):  # type: ignore[arg-type]
+    if not is_dataclass(old) or isinstance(old, type):
+        raise TypeError(f"not a config dataclass instance: {old!r}")
+    for f in fields(old):
         name = prefix + _YAML_NAMES.get(f.name, f.name)
         before, after = getattr(old, f.name), getattr(new, f.name)
         if before == after:
             continue
-        nested = (
-            is_dataclass(before) and type(before) is type(after) and not isinstance(before, Address)
-        )
+        nested = is_dataclass(before) and type(before) is type(after) and not isinstance(before, Address)
         if nested:
             changes += _changes(f"{name}.", before, after)
         else:
@@ -863,10 +894,7 @@ def _show(value: object) -> str:
     if isinstance(value, Mapping):
         return "{" + ", ".join(f"{key}: {_show(item)}" for key, item in value.items()) + "}"
     if is_dataclass(value) and not isinstance(value, (Address, type)):
-        shown = (
-            f"{_YAML_NAMES.get(f.name, f.name)}: {_show(getattr(value, f.name))}"
-            for f in fields(value)
-        )
+        shown = (f"{_YAML_NAMES.get(f.name, f.name)}: {_show(getattr(value, f.name))}" for f in fields(value))
         return "{" + ", ".join(shown) + "}"
     return str(value)
 
@@ -906,9 +934,7 @@ def describe_config(config: Config) -> str:
 def _describe_service(service: ServiceConfig) -> list[str]:
     cc = service.container_concurrency
     resolved = resolve_lb_policy(service.lb_policy, cc)
-    lb = (
-        service.lb_policy if resolved == service.lb_policy else f"{service.lb_policy} -> {resolved}"
-    )
+    lb = service.lb_policy if resolved == service.lb_policy else f"{service.lb_policy} -> {resolved}"
     lines = [
         f"service {service.name}",
         f"  hosts: {', '.join(h if h != '*' else '* (catch-all)' for h in service.hosts)}",

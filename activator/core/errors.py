@@ -10,6 +10,8 @@ bug.
 
 from __future__ import annotations
 
+from .failures import FailureKind
+
 
 class ActivatorError(Exception):
     """An answer activator gives itself instead of a pod's."""
@@ -160,8 +162,21 @@ class ShuttingDown(ActivatorError):
 
 
 class UpstreamConnectError(ActivatorError):
+    """No answer head came from the pod (``core.failures.FailureKind.CONNECT``).
+
+    ``connected``: a connection was made (the request may have reached the pod);
+    ``body_read``: some of the client's body was consumed. Together they decide the retry
+    (``core.failures.may_retry_elsewhere``).
+    """
+
     status = 502
     reason = "upstream-connect"
+    kind = FailureKind.CONNECT
+
+    def __init__(self, message: str = "", *, connected: bool = True, body_read: bool = True) -> None:
+        super().__init__(message)
+        self.connected = connected
+        self.body_read = body_read
 
 
 class UpstreamBadResponse(UpstreamConnectError):
@@ -173,6 +188,7 @@ class UpstreamBadResponse(UpstreamConnectError):
 class UpstreamTimeout(ActivatorError):
     status = 504
     reason = "upstream-timeout"
+    kind = FailureKind.TIMEOUT
 
 
 class ConfigError(Exception):

@@ -33,7 +33,6 @@ class Pickable(Protocol):
     in_flight: int
 
 
-
 class Policy(Protocol):
     name: str
 

@@ -45,7 +45,7 @@ from the others' by at most one. That is a small min-cost flow problem, solved e
    graph of peers, where the edge p -> q costs the cheapest score loss of giving one of
    p's extras to q, one pod at a time; Dijkstra with potentials);
 3. once balanced, while some chain from a peer with ``T // n + 1`` slots to one with
-   ``T // n`` loses no score (a negative path), it is applied.
+   ``T // n`` gains score (a negative path), it is applied.
 
 Steps 2 and 3 only ever move extras along shortest paths, so every state stays optimal
 for its own totals (the successive-shortest-path invariant), and the end state is the
@@ -53,6 +53,9 @@ optimum. Scores are 64-bit hashes, so two different divisions of equal total sco
 happen with negligible probability (never seen); the optimum is then unique, which is
 what the movement bounds rest on. (If there ever is a tie, the result is still
 deterministic: ties are broken by sorted peer name and pod address.)
+
+In the code, step 1 is ``_top_scoring_holders``; steps 2 and 3 are
+``_ExtraSlotFlow.step``, which ``_assign_extras`` repeats until it has nothing to apply.
 
 Movement bounds
 ===============
@@ -164,36 +167,39 @@ Division = dict[str, dict[str, int]]
 
 
 def _check_inputs(pods: Mapping[str, int], peers: Sequence[str]) -> list[str]:
-    """Validates the inputs; returns the peers, sorted."""
+    """Validates the inputs; returns the peer names, sorted."""
     names = sorted(peers)
-    for i in range(1, len(names)):
-        if names[i] == names[i - 1]:
-            raise ValueError(f"duplicate peer {names[i]!r}")
+    for previous, name in itertools.pairwise(names):
+        if name == previous:
+            raise ValueError(f"duplicate peer {name!r}")
     for address, cc in pods.items():
         if isinstance(cc, bool) or not isinstance(cc, int) or cc < 0:
-            raise ValueError(
-                f"pod {address!r}: container_concurrency must be an int >= 0, not {cc!r}"
-            )
+            raise ValueError(f"pod {address!r}: container_concurrency must be an int >= 0, not {cc!r}")
     return names
 
 
 def _peer_hashers(names: Sequence[str]) -> list[hashlib.blake2b]:
-    out = []
+    """One blake2b per peer, already fed the peer's length-prefixed name.
+
+    The length prefix keeps (peer, address) pairs apart ("ab" + "c" vs "a" + "bc"); hashing
+    the name once and copying the state saves rehashing it for every pod.
+    """
+    hashers = []
     for name in names:
         key = name.encode()
-        out.append(hashlib.blake2b(len(key).to_bytes(4, "big") + key, digest_size=8))
-    return out
+        hashers.append(hashlib.blake2b(len(key).to_bytes(4, "big") + key, digest_size=8))
+    return hashers
 
 
 def _scores(hashers: Sequence[hashlib.blake2b], address: str) -> list[int]:
     """score(peer, address) for every peer, in the order of ``hashers``."""
     data = address.encode()
-    out = []
-    for h in hashers:
-        c = h.copy()
-        c.update(data)
-        out.append(int.from_bytes(c.digest(), "big"))
-    return out
+    scores = []
+    for hasher in hashers:
+        keyed = hasher.copy()
+        keyed.update(data)
+        scores.append(int.from_bytes(keyed.digest(), "big"))
+    return scores
 
 
 def score(peer: str, address: str) -> int:
@@ -201,163 +207,256 @@ def score(peer: str, address: str) -> int:
     return _scores(_peer_hashers([peer]), address)[0]
 
 
-def _extras(scores: list[list[int]], rems: list[int], n: int) -> list[bytearray]:
-    """Which peers get each pod's extra slot: the optimum described in the docstring.
+def _top_scoring_holders(
+    scores: Sequence[Sequence[int]], extras_per_pod: Sequence[int], peer_count: int
+) -> tuple[list[bytearray], list[int]]:
+    """Step 1: every pod gives its extras to its best-scoring peers (plain HRW top-k).
 
-    ``scores[y][p]`` is pod y's score for peer p, ``rems[y]`` (0 < rems[y] < n) how many
-    extras pod y hands out. Returns ``member[y][p]`` = 1 if peer p gets an extra of pod y.
-    Does not yield.
+    Returns (holds_extra, extras_held): ``holds_extra[pod][peer]`` is 1 if peer gets one of
+    pod's extras, ``extras_held[peer]`` how many peer got. This is the best total score with
+    no balance constraint, so it is optimal for its own totals: the rebalancing starts from
+    a state that keeps its invariant (all potentials 0). Among equal scores the lower peer
+    number wins (the sort is stable).
     """
-    m = len(rems)
-    member: list[bytearray] = []
-    load = [0] * n
-    if m == 0:
-        return member
-    # heaps[p * n + q] holds the ways of moving one extra from peer p to peer q: for a
-    # pod y with an extra at p and none at q, the key (s[p] - s[q]) * m + y, which
-    # orders by score lost, then by pod (ints: cheaper than tuples). Entries go stale
-    # when the pod's extras change; top() drops them when they surface.
-    heaps: list[list[int]] = [[] for _ in range(n * n)]
-    appenders = [h.append for h in heaps]
-    peers = range(n)
-    for y in range(m):
-        s = scores[y]
-        order = sorted(peers, key=s.__getitem__, reverse=True)
-        r = rems[y]
-        row = bytearray(n)
-        outs = order[r:]
-        scaled = [x * m for x in s]
-        for p in order[:r]:
-            row[p] = 1
-            load[p] += 1
-            sp = scaled[p] + y
-            base = p * n
-            for q in outs:
-                appenders[base + q](sp - scaled[q])
-        member.append(row)
-    for h in heaps:
-        heapq.heapify(h)
+    holds_extra = []
+    extras_held = [0] * peer_count
+    for pod_scores, extras in zip(scores, extras_per_pod, strict=True):
+        best_first = sorted(range(peer_count), key=pod_scores.__getitem__, reverse=True)
+        holders = bytearray(peer_count)
+        for peer in best_first[:extras]:
+            holders[peer] = 1
+            extras_held[peer] += 1
+        holds_extra.append(holders)
+    return holds_extra, extras_held
 
-    def top(p: int, q: int) -> int | None:
-        h = heaps[p * n + q]
-        while h:
-            row = member[h[0] % m]
-            if row[p] and not row[q]:
-                return h[0]
-            heapq.heappop(h)
+
+class _ExtraSlotFlow:
+    """Steps 2 and 3 of the scheme: the extras moved between peers until they are optimal.
+
+    Pods are numbered in address order, peers in name order. Moving pod ``pod``'s extra
+    from ``giver`` (who holds one) to ``taker`` (who does not) loses ``scores[pod][giver]
+    - scores[pod][taker]`` of the total score. The peers form a graph whose edge giver ->
+    taker is the cheapest such move; a chain of moves along a path shifts one extra from
+    its first peer to its last and leaves the peers in between with their totals.
+
+    A move is one int, its key: ``score_lost * pod_count + pod``. Keys order moves by score
+    lost, then by pod, and ``key // pod_count`` and ``key % pod_count`` give both back
+    (ints are much cheaper in a heap than tuples). Does not yield.
+    """
+
+    __slots__ = (
+        "scores",
+        "extras_per_pod",
+        "pod_count",
+        "peer_count",
+        "holds_extra",
+        "extras_held",
+        "move_heaps",
+        "cheapest_move",
+        "potential",
+    )
+
+    def __init__(self, scores: Sequence[Sequence[int]], extras_per_pod: Sequence[int], peer_count: int) -> None:
+        self.scores = scores
+        self.extras_per_pod = extras_per_pod
+        self.pod_count = len(extras_per_pod)
+        self.peer_count = peer_count
+        # Invariant: holds_extra[pod][peer] is 1 if peer holds one of pod's extras, else 0;
+        # pod's row has extras_per_pod[pod] ones.
+        # Invariant: extras_held[peer] == sum(holders[peer] for holders in holds_extra).
+        self.holds_extra, self.extras_held = _top_scoring_holders(scores, extras_per_pod, peer_count)
+        # Invariant: move_heaps[giver * peer_count + taker] is a heap holding the key of
+        # every possible move from giver to taker, and stale keys of moves no longer
+        # possible, which _cheapest_possible_move drops when they surface.
+        self.move_heaps = self._every_possible_move()
+        # Invariant: cheapest_move[giver][taker] is the least key of a possible move from
+        # giver to taker, None if there is none (and on the diagonal).
+        self.cheapest_move: list[list[int | None]] = [
+            [self._cheapest_possible_move(giver, taker) if giver != taker else None for taker in range(peer_count)]
+            for giver in range(peer_count)
+        ]
+        # Invariant: score lost + potential[giver] - potential[taker] >= 0 for every
+        # possible move. So no cycle of moves gains score: the extras are the optimum for
+        # the peers' current totals (the successive-shortest-path invariant).
+        self.potential = [0] * peer_count
+
+    def _every_possible_move(self) -> list[list[int]]:
+        """The heaps of moves, one per (giver, taker), for the holders of step 1."""
+        peer_count, pod_count = self.peer_count, self.pod_count
+        move_heaps: list[list[int]] = [[] for _ in range(peer_count * peer_count)]
+        appenders = [heap.append for heap in move_heaps]
+        for pod, (pod_scores, holders) in enumerate(zip(self.scores, self.holds_extra, strict=True)):
+            scaled = [pod_score * pod_count for pod_score in pod_scores]
+            takers = [peer for peer in range(peer_count) if not holders[peer]]
+            for giver in range(peer_count):
+                if holders[giver]:
+                    giver_key = scaled[giver] + pod
+                    row = giver * peer_count
+                    for taker in takers:
+                        appenders[row + taker](giver_key - scaled[taker])
+        for heap in move_heaps:
+            heapq.heapify(heap)
+        return move_heaps
+
+    def _cheapest_possible_move(self, giver: int, taker: int) -> int | None:
+        """The least key of a move from giver to taker that is still possible, or None.
+
+        Drops the stale keys it finds on top: a pod's extras changed since they were pushed.
+        """
+        heap = self.move_heaps[giver * self.peer_count + taker]
+        while heap:
+            holders = self.holds_extra[heap[0] % self.pod_count]
+            if holders[giver] and not holders[taker]:
+                return heap[0]
+            heapq.heappop(heap)
         return None
 
-    # weight[p][q]: the key of the cheapest way to move one extra from p to q, or None.
-    weight: list[list[int | None]] = [[top(p, q) if p != q else None for q in peers] for p in peers]
-    # Invariant: weight[p][q] // m + pot[p] - pot[q] >= 0 for every edge, i.e. there is
-    # no negative cycle: the current extras are optimal for their own totals.
-    pot = [0] * n
+    def step(self) -> bool:
+        """Applies one chain of moves toward the optimum; False when there is none left.
 
-    def shortest(sources: list[int]) -> tuple[list[int | None], list[int]]:
-        """Dijkstra from the set ``sources`` on reduced costs.
-
-        Returns (dist, pred): dist[v] is the true cost of the cheapest path from any
-        source to v (None if unreachable), pred the shortest-path tree. Updates ``pot``
-        so that the invariant holds again after augmenting along a path of the tree.
+        While the totals differ by 2 or more (step 2), the cheapest chain from a fullest
+        peer to an emptiest one (there always is one: every peer is reachable). Once they
+        are balanced (step 3), the cheapest chain from a peer with one extra more to one with
+        one less, if it gains score. Both keep the balance they reached and, moving along
+        shortest paths, the potentials' invariant; so the state the last step leaves is the
+        optimum. Among equally cheap chains, the one ending at the lower peer number.
         """
-        label: list[int | None] = [None] * n
-        pred = [-1] * n
-        done = [False] * n
-        for a in sources:
-            label[a] = -pot[a]
-        for _ in peers:
-            u = -1
-            best = 0
-            for v in peers:
-                lv = label[v]
-                if lv is not None and not done[v] and (u < 0 or lv < best):
-                    u, best = v, lv
-            if u < 0:
-                break
-            done[u] = True
-            wu = weight[u]
-            base = best + pot[u]
-            for v in peers:
-                e = wu[v]
-                if e is None or done[v]:
+        most, least = max(self.extras_held), min(self.extras_held)
+        if most == least:
+            return False
+        distance, predecessor = self._shortest_chains_from_fullest(most)
+        ends = [
+            (distance[peer], peer)
+            for peer, held in enumerate(self.extras_held)
+            if held == least and (most - least > 1 or distance[peer] < 0)
+        ]
+        if not ends:  # balanced, and no chain gains score
+            return False
+        self._apply_chain(predecessor, min(ends)[1])
+        return True
+
+    def _shortest_chains_from_fullest(self, most: int) -> tuple[list[int], list[int]]:
+        """The cheapest chain of moves from any fullest peer (``most`` extras) to every peer.
+
+        Dijkstra on reduced costs, which the invariant keeps non-negative. Returns
+        (distance, predecessor): ``distance[peer]`` is the score the cheapest chain to peer
+        loses, ``predecessor`` the shortest-path tree (-1 at its roots); among equally near
+        peers, the lower number is settled first. Every peer is reached: one that no chain
+        reaches would hold every extra a fullest peer holds, and so be fullest itself.
+
+        The distances then become the potentials (Johnson's reweighting): no edge's reduced
+        cost goes below 0 and the tree's edges cost 0, so moving along a tree path keeps the
+        invariant.
+        """
+        peer_count, pod_count, potential = self.peer_count, self.pod_count, self.potential
+        # reduced[peer]: the cheapest chain found so far less potential[peer]; None until reached.
+        reduced: list[int | None] = [None] * peer_count
+        settled = [False] * peer_count
+        distance = [0] * peer_count
+        predecessor = [-1] * peer_count
+        for peer, held in enumerate(self.extras_held):
+            if held == most:
+                reduced[peer] = -potential[peer]
+        for _ in range(peer_count):
+            nearest, nearest_reduced = -1, 0
+            for peer, known in enumerate(reduced):
+                if known is not None and not settled[peer] and (nearest < 0 or known < nearest_reduced):
+                    nearest, nearest_reduced = peer, known
+            settled[nearest] = True
+            distance[nearest] = nearest_reduced + potential[nearest]
+            for taker, key in enumerate(self.cheapest_move[nearest]):
+                if key is None or settled[taker]:
                     continue
-                cand = base + e // m - pot[v]
-                lv = label[v]
-                if lv is None or cand < lv:
-                    label[v] = cand
-                    pred[v] = u
-        top_label = max(x for x in label if x is not None)
-        dist: list[int | None] = [None] * n
-        for v in peers:
-            lv = label[v]
-            if lv is None:
-                pot[v] += top_label
-            else:
-                dist[v] = lv + pot[v]
-                pot[v] += lv
-        return dist, pred
+                candidate = distance[nearest] + key // pod_count - potential[taker]
+                known = reduced[taker]
+                if known is None or candidate < known:
+                    reduced[taker] = candidate
+                    predecessor[taker] = nearest
+        self.potential = distance
+        return distance, predecessor
 
-    def move(y: int, p: int, q: int) -> None:
-        row = member[y]
-        row[p] = 0
-        row[q] = 1
-        load[p] -= 1
-        load[q] += 1
-        scaled = [x * m for x in scores[y]]
-        for r in peers:
-            if r == q:
-                continue
-            if not row[r]:
-                heapq.heappush(heaps[q * n + r], scaled[q] - scaled[r] + y)
-            else:
-                heapq.heappush(heaps[r * n + p], scaled[r] - scaled[p] + y)
-        for r in peers:
-            if r != p:
-                weight[p][r] = top(p, r)
-                weight[r][p] = top(r, p)
-            if r != q:
-                weight[q][r] = top(q, r)
-                weight[r][q] = top(r, q)
-
-    def augment(pred: list[int], b: int) -> None:
-        path = [b]
-        while pred[path[-1]] >= 0:
-            path.append(pred[path[-1]])
+    def _apply_chain(self, predecessor: Sequence[int], end: int) -> None:
+        """Makes the moves along the tree path that ends at ``end``."""
+        path = [end]
+        while predecessor[path[-1]] >= 0:
+            path.append(predecessor[path[-1]])
         path.reverse()
-        # Read every edge's pod before moving any: the path is shortest as a whole.
-        steps = []
-        for u, v in itertools.pairwise(path):
-            e = weight[u][v]
-            assert e is not None
-            steps.append((e % m, u, v))
-        for y, u, v in steps:
-            move(y, u, v)
+        # Read every edge's pod before moving any: the path is shortest as a whole, and each
+        # move changes the edges at its two peers.
+        moves = []
+        for giver, taker in itertools.pairwise(path):
+            key = self.cheapest_move[giver][taker]
+            assert key is not None, "a shortest-path tree edge with no move"
+            moves.append((key % self.pod_count, giver, taker))
+        for pod, giver, taker in moves:
+            self._move_extra(pod, giver, taker)
 
-    # Most negative cycle first: from a fullest peer to an emptiest one.
-    while True:
-        hi = max(load)
-        lo = min(load)
-        if hi - lo <= 1:
-            break
-        dist, pred = shortest([p for p in peers if load[p] == hi])
-        # Reachable: a fullest peer has an extra of some pod that an emptiest lacks.
-        b = min(
-            (p for p in peers if load[p] == lo and dist[p] is not None),
-            key=lambda p: (dist[p], p),
-        )
-        augment(pred, b)
-    # Balanced; hand the "+1" from a peer to another while that gains score.
-    while True:
-        hi = max(load)
-        lo = min(load)
-        if hi == lo:
-            break
-        dist, pred = shortest([p for p in peers if load[p] == hi])
-        cands = [(d, p) for p in peers if load[p] == lo and (d := dist[p]) is not None and d < 0]
-        if not cands:
-            break
-        augment(pred, min(cands)[1])
-    return member
+    def _move_extra(self, pod: int, giver: int, taker: int) -> None:
+        """Moves one of pod's extras from giver to taker, and updates the moves it changes."""
+        peer_count, pod_count = self.peer_count, self.pod_count
+        holders = self.holds_extra[pod]
+        holders[giver] = 0
+        holders[taker] = 1
+        self.extras_held[giver] -= 1
+        self.extras_held[taker] += 1
+        # The moves of this pod that become possible: the taker can give it to any peer
+        # without it, any peer with it can give it to the giver. The moves that became
+        # impossible stay in their heaps, stale, until they surface.
+        scaled = [pod_score * pod_count for pod_score in self.scores[pod]]
+        for peer in range(peer_count):
+            if peer == taker:
+                continue
+            if holders[peer]:
+                heapq.heappush(self.move_heaps[peer * peer_count + giver], scaled[peer] - scaled[giver] + pod)
+            else:
+                heapq.heappush(self.move_heaps[taker * peer_count + peer], scaled[taker] - scaled[peer] + pod)
+        # Only the edges at the giver and the taker can have changed.
+        cheapest_move, cheapest_possible_move = self.cheapest_move, self._cheapest_possible_move
+        for peer in range(peer_count):
+            if peer != giver:
+                cheapest_move[giver][peer] = cheapest_possible_move(giver, peer)
+                cheapest_move[peer][giver] = cheapest_possible_move(peer, giver)
+            if peer != taker:
+                cheapest_move[taker][peer] = cheapest_possible_move(taker, peer)
+                cheapest_move[peer][taker] = cheapest_possible_move(peer, taker)
+
+    def check_invariants(self) -> None:
+        """Raises AssertionError unless every invariant above holds.
+
+        For tests: it recomputes everything from ``holds_extra``, in O(pods * peers^2).
+        """
+        peer_count, pod_count = self.peer_count, self.pod_count
+        for pod, holders in enumerate(self.holds_extra):
+            assert set(holders) <= {0, 1} and sum(holders) == self.extras_per_pod[pod], (pod, holders)
+        assert self.extras_held == [sum(holders[peer] for holders in self.holds_extra) for peer in range(peer_count)]
+        possible: dict[tuple[int, int], list[int]] = {}
+        for pod, (pod_scores, holders) in enumerate(zip(self.scores, self.holds_extra, strict=True)):
+            for giver, taker in itertools.permutations(range(peer_count), 2):
+                if holders[giver] and not holders[taker]:
+                    key = (pod_scores[giver] - pod_scores[taker]) * pod_count + pod
+                    possible.setdefault((giver, taker), []).append(key)
+        for giver, taker in itertools.product(range(peer_count), repeat=2):
+            keys = possible.get((giver, taker), [])
+            assert set(keys) <= set(self.move_heaps[giver * peer_count + taker]), (giver, taker)
+            cheapest = min(keys, default=None)
+            assert self.cheapest_move[giver][taker] == cheapest, (giver, taker)
+            if cheapest is not None:
+                reduced_cost = cheapest // pod_count + self.potential[giver] - self.potential[taker]
+                assert reduced_cost >= 0, (giver, taker, reduced_cost)
+
+
+def _assign_extras(scores: Sequence[Sequence[int]], extras_per_pod: Sequence[int], peer_count: int) -> list[bytearray]:
+    """Which peers get each pod's extra slots: the optimum described in the module docstring.
+
+    ``scores[pod][peer]`` is the pod's score for the peer, ``extras_per_pod[pod]``
+    (0 < extras < peer_count) how many extras the pod hands out. Returns
+    ``holds_extra[pod][peer]``: 1 if the peer gets one of the pod's extras, else 0.
+    Does not yield.
+    """
+    flow = _ExtraSlotFlow(scores, extras_per_pod, peer_count)
+    while flow.step():
+        pass
+    return flow.holds_extra
 
 
 def divide_slots(pods: Mapping[str, int], peers: Sequence[str]) -> Division:
@@ -368,36 +467,35 @@ def divide_slots(pods: Mapping[str, int], peers: Sequence[str]) -> Division:
     duplicate peer or a cc that is not an int >= 0. Pure, does not yield.
     """
     names = _check_inputs(pods, peers)
-    n = len(names)
-    out: Division = {name: {} for name in names}
-    if n == 0:
-        return out
-    items = sorted((a, cc) for a, cc in pods.items() if cc > 0)
-    if n == 1:
-        out[names[0]] = dict(items)
-        return out
+    peer_count = len(names)
+    division: Division = {name: {} for name in names}
+    if peer_count == 0:
+        return division
+    limited = sorted((address, cc) for address, cc in pods.items() if cc > 0)
+    if peer_count == 1:
+        division[names[0]] = dict(limited)
+        return division
     hashers = _peer_hashers(names)
-    split: list[tuple[str, int]] = []  # pods with extras: (address, cc // n)
+    uneven: list[tuple[str, int]] = []  # pods with extras: (address, every peer's share cc // n)
     scores: list[list[int]] = []
-    rems: list[int] = []
-    rows = [out[name] for name in names]
-    for address, cc in items:
-        q, rem = divmod(cc, n)
-        if rem:
-            split.append((address, q))
+    extras_per_pod: list[int] = []
+    owned_by_peer = [division[name] for name in names]
+    for address, cc in limited:
+        share, extras = divmod(cc, peer_count)
+        if extras:
+            uneven.append((address, share))
             scores.append(_scores(hashers, address))
-            rems.append(rem)
+            extras_per_pod.append(extras)
         else:
-            for row in rows:
-                row[address] = q
-    member = _extras(scores, rems, n)
-    for (address, q), extra in zip(split, member, strict=True):
-        for p in range(n):
-            c = q + extra[p]
-            if c:
-                rows[p][address] = c
+            for owned in owned_by_peer:
+                owned[address] = share
+    holds_extra = _assign_extras(scores, extras_per_pod, peer_count)
+    for (address, share), holders in zip(uneven, holds_extra, strict=True):
+        for owned, extra in zip(owned_by_peer, holders, strict=True):
+            if share + extra:
+                owned[address] = share + extra
     # Present every peer's pods in address order, whatever the path above.
-    return {name: dict(sorted(out[name].items())) for name in names}
+    return {name: dict(sorted(division[name].items())) for name in names}
 
 
 def owned_slots(pods: Mapping[str, int], peers: Sequence[str], me: str) -> dict[str, int]:
@@ -409,30 +507,6 @@ def owned_slots(pods: Mapping[str, int], peers: Sequence[str], me: str) -> dict[
     if me not in peers:
         raise ValueError(f"{me!r} is not one of the peers {sorted(peers)!r}")
     return divide_slots(pods, peers)[me]
-
-
-def slot_owners(pods: Mapping[str, int], peers: Sequence[str]) -> dict[tuple[str, int], str]:
-    """The slot-level view: (address, slot index) -> owning peer.
-
-    Slot numbers are labels derived from the counts of ``divide_slots``: a pod's peers
-    take consecutive slot numbers in the order of their score for that pod, best first.
-    Movement is defined and bounded on counts (which is what capacity uses); a label
-    can change owner where the counts did not. Does not yield.
-    """
-    division = divide_slots(pods, peers)
-    names = sorted(division)
-    hashers = _peer_hashers(names)
-    counts = _by_pod(division)
-    out: dict[tuple[str, int], str] = {}
-    for address in sorted(counts):
-        s = _scores(hashers, address)
-        order = sorted(range(len(names)), key=s.__getitem__, reverse=True)
-        i = 0
-        for p in order:
-            for _ in range(counts[address].get(names[p], 0)):
-                out[(address, i)] = names[p]
-                i += 1
-    return out
 
 
 def _by_pod(division: Mapping[str, Mapping[str, int]]) -> dict[str, dict[str, int]]:

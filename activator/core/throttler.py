@@ -17,29 +17,35 @@ Rules, each checked by ``check_invariants``:
   and idle.
 - Every grant is released exactly once (a second release raises).
 
-Nothing here yields or does I/O; the shell calls in and wakes waiters through the
-``notify`` callable each waiter carries (which must not yield either).
+**Effects out.** Nothing here yields, does I/O or calls the shell. A call that changes
+more than its own request returns ``Effects``: the waiters it handed a slot to (or
+redirected), which the shell wakes, and the pod state changes, which the shell logs and
+counts. ``NO_EFFECTS`` when nothing happened. The shell acts after the call returned.
+
+Who calls what: request greenlets ``acquire``, ``acquire_retry``, ``abandon`` and
+``release``; everything else (``apply``, ``probe_result``, ``record_failure``,
+``tick``, ``redirect_waiters``) is topology, applied by the one topology writer.
 """
 
 from __future__ import annotations
 
 import random
 from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any
 
+from .config import Listing, ServiceConfig, pod_changes, resolve_lb_policy
 from .errors import QueueFull
-from .config import ServiceConfig, resolve_lb_policy
-from .lb import Policy, make_policy
+from .failures import FailureKind
+from .lb import Pickable, Policy, make_policy
+from .probes import Verdict
 from .states import PodEvent, PodState, next_state
 
 HEALTHY = PodState.HEALTHY
 PENDING = PodState.PENDING
 DRAINING = PodState.DRAINING
 REMOVED = PodState.REMOVED
-
-#: Kinds of transport failure counted per pod (the seed's "per-pod transport failures").
-FAILURE_KINDS = ("connect_errors", "timeouts", "resets")
 
 
 class InvariantViolation(AssertionError):
@@ -62,8 +68,19 @@ class PodTracker:
     """One pod as this activator sees it. Outlives config reloads (keyed by address)."""
 
     __slots__ = (
-        "address", "rank", "state", "since", "in_flight", "slots", "listed", "drain",
-        "probe_passes", "probe_failures", "failures", "requests", "failure_counts",
+        "address",
+        "rank",
+        "state",
+        "since",
+        "in_flight",
+        "slots",
+        "listed",
+        "drain",
+        "probe_passes",
+        "probe_failures",
+        "failures",
+        "requests",
+        "failure_counts",
     )
 
     def __init__(self, address: str, rank: int, now: float) -> None:
@@ -81,8 +98,8 @@ class PodTracker:
         self.probe_failures = 0  # consecutive
         self.failures = 0  # consecutive transport failures on real traffic
         self.requests = 0  # grants ever made
-        # (kind, state when it failed) -> count; kind in FAILURE_KINDS
-        self.failure_counts: dict[tuple[str, str], int] = {}
+        # (kind, whether the pod was healthy when it failed) -> count
+        self.failure_counts: dict[tuple[FailureKind, bool], int] = {}
 
     @property
     def wanted(self) -> bool:
@@ -99,27 +116,54 @@ class PodTracker:
 class Grant:
     """A slot held on one pod; give it back with ``ServiceThrottler.release`` exactly once."""
 
-    __slots__ = ("pod", "granted_at", "released", "queued")
+    __slots__ = ("pod", "queued", "released")
 
-    def __init__(self, pod: PodTracker, now: float) -> None:
+    def __init__(self, pod: PodTracker) -> None:
         self.pod = pod
-        self.granted_at = now
         self.released = False
         self.queued = False  # handed over to a waiter (rather than granted on arrival)
 
 
 class Waiter:
-    """A queued request. ``notify()`` is called (without yielding) once ``grant`` is set."""
+    """A queued request. Woken (through ``Effects.woken``) once it has a ``grant``, or
+    when ``redirected``."""
 
-    __slots__ = ("notify", "enqueued_at", "grant", "redirected", "__weakref__")
+    __slots__ = ("__weakref__", "enqueued_at", "grant", "redirected", "token")
 
-    def __init__(self, notify: Callable[[], None], now: float) -> None:
-        self.notify = notify
+    def __init__(self, now: float) -> None:
         self.enqueued_at = now
         self.grant: Grant | None = None
         # Taken out of the queue because this process no longer owns any slot of the
         # service: the shell forwards the request to an owner instead.
         self.redirected = False
+        #: The shell's handle to wake this waiter with (the core never touches it).
+        self.token: Any = None
+
+
+class Effects:
+    """What a core call changed beyond its own request: for the shell to act on."""
+
+    __slots__ = ("transitions", "woken")
+
+    def __init__(self, woken: list[Waiter] | tuple[()] = (), transitions: list[Transition] | tuple[()] = ()) -> None:
+        self.woken = woken
+        self.transitions = transitions
+
+    def __bool__(self) -> bool:
+        return bool(self.woken or self.transitions)
+
+    def __add__(self, other: Effects) -> Effects:
+        if not other:
+            return self
+        if not self:
+            return other
+        return Effects([*self.woken, *other.woken], [*self.transitions, *other.transitions])
+
+    def __repr__(self) -> str:
+        return f"<Effects woken={len(self.woken)} transitions={list(self.transitions)}>"
+
+
+NO_EFFECTS = Effects()
 
 
 class ServiceThrottler:
@@ -132,12 +176,10 @@ class ServiceThrottler:
         *,
         owned: Mapping[str, int] | None = None,
         rng: random.Random | None = None,
-        on_transition: Callable[[Transition], None] | None = None,
     ) -> None:
         self.name = config.name
         self.config = config
         self._rng = rng
-        self._on_transition = on_transition or _ignore
         self.trackers: dict[str, PodTracker] = {}
         # Invariant: non-empty only while no pod can take a request.
         self._queue: OrderedDict[Waiter, None] = OrderedDict()
@@ -147,28 +189,31 @@ class ServiceThrottler:
         self._draining: set[str] = set()
         self._capacity: int | None = 0
         self._capacity_stale = True  # set on every state or slot change
-        self.apply(config, now, owned)
+        # The outbox of the call under way (see "Effects out").
+        self._woken: list[Waiter] = []
+        self._transitions: list[Transition] = []
+        self.initial_effects = self._apply(None, config, now, owned)
 
     # -- the request path -------------------------------------------------------
 
-    def acquire(self, now: float, notify: Callable[[], None]) -> Grant | Waiter:
-        """A slot now, or a place in the queue. Raises ``QueueFull``."""
+    def acquire(self, now: float) -> Grant | Waiter:
+        """A slot now, or a place in the queue. Raises ``QueueFull``. Never has effects."""
         if not self._queue:
             pod = self.policy.pick()
             if pod is not None:
-                return self._grant(pod, now)  # type: ignore[arg-type]
+                return self._grant(pod)
         if len(self._queue) >= self.config.queue_depth:
             raise QueueFull()
-        waiter = Waiter(notify, now)
+        waiter = Waiter(now)
         self._queue[waiter] = None
         return waiter
 
-    def acquire_retry(self, failed: Grant, now: float, notify: Callable[[], None]) -> Grant | Waiter:
+    def acquire_retry(self, failed: Grant, now: float) -> tuple[Grant | Waiter, Effects]:
         """A second slot for a request whose connection to ``failed.pod`` failed.
 
-        Prefers another available pod; if none is free, the request waits at the
-        head of the queue (it already waited its turn). Call before releasing
-        ``failed``, so that its freed slot is not the first one offered.
+        Prefers another available pod; if none is free, the request waits at the head
+        of the queue (it already waited its turn). ``failed`` is released here, after
+        the choice, so that its freed slot is not the first one offered.
         """
         excluded = failed.pod
         was_available = excluded in self.policy
@@ -177,113 +222,65 @@ class ServiceThrottler:
         pod = self.policy.pick() if not self._queue else None
         if was_available:
             self._refresh(excluded)
+        first: Grant | Waiter
         if pod is not None:
-            return self._grant(pod, now)  # type: ignore[arg-type]
-        waiter = Waiter(notify, now)
-        self._queue[waiter] = None
-        self._queue.move_to_end(waiter, last=False)
-        self._dispatch(now)  # the failed pod may be the only one with a free slot
-        return waiter
+            first = self._grant(pod)
+        else:
+            first = Waiter(now)
+            self._queue[first] = None
+            self._queue.move_to_end(first, last=False)
+        self._release(failed, now, answered=False)
+        return first, self._effects()
 
     def abandon(self, waiter: Waiter) -> Grant | None:
-        """The waiter gives up (timeout, client gone). Returns its grant if it got one meanwhile."""
+        """The waiter gives up (timeout, client gone). Returns its grant if it got one
+        meanwhile (the caller releases it)."""
         if waiter.grant is not None:
             return waiter.grant
         self._queue.pop(waiter, None)
         return None
 
-    def release(self, grant: Grant, now: float) -> None:
-        """Give a slot back; it goes to the oldest waiter if anyone waits."""
-        if grant.released:
-            raise InvariantViolation(f"grant on {grant.pod.address} released twice")
-        grant.released = True
-        pod = grant.pod
-        pod.in_flight -= 1
-        self.in_flight -= 1
-        if pod.in_flight == 0 and pod.state is not HEALTHY:
-            self._fire(pod, PodEvent.LAST_RELEASED, now, "last request released")
-        else:
-            self._refresh(pod)
-        self._dispatch(now)
+    def release(self, grant: Grant, now: float, answered: bool = False) -> Effects:
+        """Give a slot back; it goes to the oldest waiter if anyone waits.
 
-    def record_success(self, grant: Grant) -> None:
-        """The pod answered: its consecutive transport failures start over."""
-        grant.pod.failures = 0
-
-    def record_failure(self, grant: Grant, kind: str, now: float) -> None:
-        """A transport failure on real traffic (``kind`` in FAILURE_KINDS).
-
-        Connect errors and timeouts count toward passive ejection: ``unhealthy_after``
-        in a row send a healthy pod back to pending (only with a probe configured:
-        probes are what bring it back).
+        ``answered``: the pod answered this request, so its consecutive transport
+        failures start over.
         """
-        pod = grant.pod
-        key = (kind, "healthy" if pod.state is HEALTHY else "unhealthy")
+        self._release(grant, now, answered)
+        return self._effects()
+
+    # -- topology: applied by the one writer ------------------------------------
+
+    def record_failure(self, address: str, kind: FailureKind, now: float) -> Effects:
+        """A transport failure on real traffic (see ``core.failures``).
+
+        Failures that count toward ejection do so in a row: ``unhealthy_after`` of them
+        send a healthy pod back to pending (only with a probe configured: probes are
+        what bring it back).
+        """
+        pod = self.trackers.get(address)
+        if pod is None:
+            return NO_EFFECTS
+        key = (kind, pod.state is HEALTHY)
         pod.failure_counts[key] = pod.failure_counts.get(key, 0) + 1
-        if kind == "resets":
-            return
-        pod.failures += 1
-        probe = self.config.probe
-        if probe is not None and pod.state is HEALTHY and pod.failures >= probe.unhealthy_after:
-            self._fire(pod, PodEvent.CONNECT_FAILED, now, f"{pod.failures} transport failures in a row ({kind})")
+        if kind.counts_toward_ejection:
+            pod.failures += 1
+            probe = self.config.probe
+            if probe is not None and pod.state is HEALTHY and pod.failures >= probe.unhealthy_after:
+                why = f"{pod.failures} transport failures in a row ({kind.value})"
+                self._fire(pod, PodEvent.CONNECT_FAILED, now, why)
+        return self._effects()
 
-    # -- topology: one writer (config applier, prober, ticker) ------------------
+    def apply(self, config: ServiceConfig, now: float, owned: Mapping[str, int] | None = None) -> Effects:
+        """Apply a (new) service configuration; trackers and waiters are kept.
 
-    def apply(self, config: ServiceConfig, now: float, owned: Mapping[str, int] | None = None) -> None:
-        """Apply a (new) service configuration as a diff against the trackers.
-
-        ``owned`` maps pod address -> slots owned by this activator (several
-        activators); None means this activator owns every slot.
+        ``owned`` maps pod address -> slots owned by this activator (several activators
+        or workers); None means this activator owns every slot.
         """
-        old_probe = self.config.probe if self.trackers else config.probe
-        self.config = config
-        self._capacity_stale = True
-        cc = config.container_concurrency
-        if resolve_lb_policy(config.lb_policy, cc) != self.policy.name:
-            self.policy = make_policy(config.lb_policy, cc, self._rng)
-        listed = {pod.address: pod for pod in config.pods}
-        for address, tracker in list(self.trackers.items()):
-            if address not in listed and tracker.listed:
-                tracker.listed = False
-                self._fire(tracker, PodEvent.UNLISTED, now, "no longer in the file")
-        for rank, pod in enumerate(config.pods):
-            existing = self.trackers.get(pod.address)
-            if existing is None:
-                new = self.trackers[pod.address] = PodTracker(pod.address, rank, now)
-                new.drain = pod.drain
-                if pod.drain:
-                    self._fire(new, PodEvent.DRAIN_SET, now, "listed with drain: true")
-                else:
-                    self._admit_unprobed(new, now, "listed")
-                continue
-            tracker = existing
-            tracker.rank = rank
-            was_listed, was_drain = tracker.listed, tracker.drain
-            tracker.listed, tracker.drain = True, pod.drain
-            if not was_listed:
-                if not pod.drain:
-                    self._fire(tracker, PodEvent.LISTED, now, "listed again")
-                    self._admit_unprobed(tracker, now, "listed again")
-            elif was_drain and not pod.drain:
-                self._fire(tracker, PodEvent.DRAIN_CLEARED, now, "drain cleared")
-                self._admit_unprobed(tracker, now, "drain cleared")
-            elif pod.drain and not was_drain:
-                self._fire(tracker, PodEvent.DRAIN_SET, now, "drain: true")
-        if old_probe is not None and config.probe is None:
-            for tracker in list(self.trackers.values()):
-                self._admit_unprobed(tracker, now, "probe removed")
-        for tracker in list(self.trackers.values()):
-            if cc == 0:
-                tracker.slots = None
-            elif owned is None:
-                tracker.slots = cc
-            else:
-                tracker.slots = owned.get(tracker.address, 0)
-            self._refresh(tracker)
-        self._dispatch(now)
+        return self._apply(self.config, config, now, owned)
 
-    def redirect_waiters(self) -> None:
-        """Send every waiter back to the shell (notify, no grant, ``redirected``).
+    def redirect_waiters(self) -> Effects:
+        """Send every waiter back to the shell (woken, no grant, ``redirected``).
 
         Called when this process stops owning any slot of the service (a peer or a
         worker took them over): its waiters could only time out here.
@@ -292,34 +289,38 @@ class ServiceThrottler:
         while queue:
             waiter, _ = queue.popitem(last=False)
             waiter.redirected = True
-            waiter.notify()
+            self._woken.append(waiter)
+        return self._effects()
 
-    def probe_result(self, address: str, ok: bool, now: float, detail: str = "") -> None:
+    def probe_result(self, address: str, verdict: Verdict, now: float, detail: str = "") -> Effects:
         """One active probe's verdict. Probes only judge pending and healthy pods."""
         tracker = self.trackers.get(address)
         probe = self.config.probe
         if tracker is None or probe is None or tracker.state not in (PENDING, HEALTHY):
-            return
-        if ok:
+            return NO_EFFECTS
+        if verdict is Verdict.PASS:
             tracker.probe_passes += 1
             tracker.probe_failures = 0
             if tracker.state is PENDING and tracker.probe_passes >= probe.healthy_after:
                 self._fire(tracker, PodEvent.PROBE_PASSED, now, f"probe passed {tracker.probe_passes} times")
-                self._dispatch(now)  # its slots go to the waiters at once
-        else:
+                self._dispatch()  # its slots go to the waiters at once
+        elif verdict is Verdict.FAIL:
             tracker.probe_failures += 1
             tracker.probe_passes = 0
             if tracker.state is HEALTHY and tracker.probe_failures >= probe.unhealthy_after:
                 why = f"probe failed {tracker.probe_failures} times" + (f": {detail}" if detail else "")
                 self._fire(tracker, PodEvent.PROBE_FAILED, now, why)
+        return self._effects()
 
-    def tick(self, now: float) -> None:
+    def tick(self, now: float) -> Effects:
         """Periodic housekeeping: force out pods draining longer than drain_timeout."""
         limit = self.config.drain_timeout
         for address in list(self._draining):
             tracker = self.trackers[address]
             if now - tracker.since >= limit:
-                self._fire(tracker, PodEvent.DRAIN_TIMEOUT, now, f"still {tracker.in_flight} in flight after drain_timeout")
+                why = f"still {tracker.in_flight} in flight after drain_timeout"
+                self._fire(tracker, PodEvent.DRAIN_TIMEOUT, now, why)
+        return self._effects()
 
     # -- views ------------------------------------------------------------------
 
@@ -349,23 +350,34 @@ class ServiceThrottler:
         """Nothing queued, nothing in flight, no tracker left."""
         return not self._queue and not self.trackers and self.in_flight == 0
 
+    def oldest_wait(self, now: float) -> float:
+        """How long the oldest waiter has waited (0 when nobody waits)."""
+        oldest = next(iter(self._queue), None)
+        return now - oldest.enqueued_at if oldest is not None else 0.0
+
     def snapshot(self, now: float) -> dict[str, Any]:
         """The service as /status shows it."""
         pods = []
         for tracker in sorted(self.trackers.values(), key=lambda t: (not t.listed, t.rank, t.address)):
-            pods.append({
-                "address": tracker.address,
-                "state": tracker.state.value,
-                "in_flight": tracker.in_flight,
-                "slots": tracker.slots,
-                "failures": tracker.failures,
-                "listed": tracker.listed,
-                "drain": tracker.drain,
-                "requests": tracker.requests,
-                "seconds_in_state": round(now - tracker.since, 3),
-                "transport_failures": {f"{kind}.{state}": n for (kind, state), n in sorted(tracker.failure_counts.items())},
-            })
-        oldest = next(iter(self._queue), None)
+            pods.append(
+                {
+                    "address": tracker.address,
+                    "state": tracker.state.value,
+                    "in_flight": tracker.in_flight,
+                    "slots": tracker.slots,
+                    "failures": tracker.failures,
+                    "listed": tracker.listed,
+                    "drain": tracker.drain,
+                    "requests": tracker.requests,
+                    "seconds_in_state": round(now - tracker.since, 3),
+                    "transport_failures": {
+                        f"{kind.value}.{'healthy' if healthy else 'unhealthy'}": n
+                        for (kind, healthy), n in sorted(
+                            tracker.failure_counts.items(), key=lambda item: (item[0][0].value, not item[0][1])
+                        )
+                    },
+                }
+            )
         return {
             "hosts": list(self.config.hosts),
             "container_concurrency": self.config.container_concurrency,
@@ -374,48 +386,61 @@ class ServiceThrottler:
             "in_flight": self.in_flight,
             "queued": len(self._queue),
             "queue_depth": self.config.queue_depth,
-            "oldest_wait_seconds": round(now - oldest.enqueued_at, 3) if oldest else 0.0,
+            "oldest_wait_seconds": round(self.oldest_wait(now), 3),
             "pods": pods,
         }
 
     def check_invariants(self) -> None:
         """Raise InvariantViolation if any promise of this module is broken."""
-        def fail(message: str) -> None:
-            raise InvariantViolation(f"service {self.name}: {message}")
-
-        total = 0
-        for address, t in self.trackers.items():
-            if address != t.address:
-                fail(f"tracker keyed {address} is {t.address}")
-            if t.in_flight < 0:
-                fail(f"{address} in_flight {t.in_flight} < 0")
-            total += t.in_flight
-            if (t in self.policy) != t.can_take():
-                fail(f"{address} availability {t in self.policy} but can_take {t.can_take()}")
-            if t.state in (PENDING, HEALTHY) and not t.wanted:
-                fail(f"{address} is {t.state.value} but not wanted")
-            if t.state in (DRAINING, REMOVED) and t.wanted:
-                fail(f"{address} is {t.state.value} but wanted")
-            if t.state is DRAINING and t.in_flight == 0:
-                fail(f"{address} draining with nothing in flight")
-            if (t.state is DRAINING) != (address in self._draining):
-                fail(f"{address} draining set out of date")
-            if t.state is REMOVED and not t.listed and t.in_flight == 0:
-                fail(f"{address} removed, unlisted and idle but still tracked")
+        for address, tracker in self.trackers.items():
+            self._check_tracker(address, tracker)
         if not self._capacity_stale and self._capacity != self._count_capacity():
-            fail(f"cached capacity {self._capacity} but {self._count_capacity()}")
+            self._fail(f"cached capacity {self._capacity} but {self._count_capacity()}")
+        total = sum(tracker.in_flight for tracker in self.trackers.values())
         if total != self.in_flight:
-            fail(f"in_flight {self.in_flight} != sum over pods {total}")
+            self._fail(f"in_flight {self.in_flight} != sum over pods {total}")
         if len(self.policy) != sum(1 for t in self.trackers.values() if t.can_take()):
-            fail("policy holds pods that are not tracked")
+            self._fail("policy holds pods that are not tracked")
         if self._queue and len(self.policy):
-            fail(f"{len(self._queue)} waiting while a pod has a free slot")
+            self._fail(f"{len(self._queue)} waiting while a pod has a free slot")
         if any(waiter.grant is not None for waiter in self._queue):
-            fail("a queued waiter already holds a grant")
+            self._fail("a queued waiter already holds a grant")
+        if self._woken or self._transitions:
+            self._fail("effects left in the outbox after a call")
+
+    def _check_tracker(self, address: str, t: PodTracker) -> None:
+        if address != t.address:
+            self._fail(f"tracker keyed {address} is {t.address}")
+        if t.in_flight < 0:
+            self._fail(f"{address} in_flight {t.in_flight} < 0")
+        if (t in self.policy) != t.can_take():
+            self._fail(f"{address} availability {t in self.policy} but can_take {t.can_take()}")
+        if t.state in (PENDING, HEALTHY) and not t.wanted:
+            self._fail(f"{address} is {t.state.value} but not wanted")
+        if t.state in (DRAINING, REMOVED) and t.wanted:
+            self._fail(f"{address} is {t.state.value} but wanted")
+        if t.state is DRAINING and t.in_flight == 0:
+            self._fail(f"{address} draining with nothing in flight")
+        if (t.state is DRAINING) != (address in self._draining):
+            self._fail(f"{address} draining set out of date")
+        if t.state is REMOVED and not t.listed and t.in_flight == 0:
+            self._fail(f"{address} removed, unlisted and idle but still tracked")
+
+    def _fail(self, message: str) -> None:
+        raise InvariantViolation(f"service {self.name}: {message}")
 
     # -- internals --------------------------------------------------------------
 
-    def _grant(self, pod: PodTracker, now: float) -> Grant:
+    def _effects(self) -> Effects:
+        """Empty the outbox into the call's result."""
+        woken, transitions = self._woken, self._transitions
+        if not woken and not transitions:
+            return NO_EFFECTS
+        self._woken, self._transitions = [], []
+        return Effects(woken, transitions)
+
+    def _grant(self, pickable: Pickable) -> Grant:
+        pod = self.trackers[pickable.address]
         if not pod.can_take():
             raise InvariantViolation(f"grant on {pod.address} ({pod.state.value}, {pod.in_flight}/{pod.slots})")
         pod.in_flight += 1
@@ -423,9 +448,24 @@ class ServiceThrottler:
         self.in_flight += 1
         if pod.slots is not None and pod.in_flight >= pod.slots:
             self.policy.discard(pod)
-        return Grant(pod, now)
+        return Grant(pod)
 
-    def _dispatch(self, now: float) -> None:
+    def _release(self, grant: Grant, now: float, answered: bool) -> None:
+        if grant.released:
+            raise InvariantViolation(f"grant on {grant.pod.address} released twice")
+        grant.released = True
+        pod = grant.pod
+        if answered:
+            pod.failures = 0
+        pod.in_flight -= 1
+        self.in_flight -= 1
+        if pod.in_flight == 0 and pod.state is not HEALTHY:
+            self._fire(pod, PodEvent.LAST_RELEASED, now, "last request released")
+        else:
+            self._refresh(pod)
+        self._dispatch()
+
+    def _dispatch(self) -> None:
         """Hand free slots to the oldest waiters, as many as there are free slots."""
         queue = self._queue
         while queue:
@@ -433,15 +473,73 @@ class ServiceThrottler:
             if pod is None:
                 return
             waiter, _ = queue.popitem(last=False)
-            grant = waiter.grant = self._grant(pod, now)  # type: ignore[arg-type]
+            grant = waiter.grant = self._grant(pod)
             grant.queued = True
-            waiter.notify()
+            self._woken.append(waiter)
 
     def _refresh(self, tracker: PodTracker) -> None:
         if tracker.can_take():
             self.policy.add(tracker)
         else:
             self.policy.discard(tracker)
+
+    def _apply(
+        self, old: ServiceConfig | None, config: ServiceConfig, now: float, owned: Mapping[str, int] | None
+    ) -> Effects:
+        """Follow the pods' listing changes (``core.config.pod_changes``), then the settings."""
+        old_probe = old.probe if old is not None else config.probe
+        self.config = config
+        self._capacity_stale = True
+        cc = config.container_concurrency
+        if resolve_lb_policy(config.lb_policy, cc) != self.policy.name:
+            self.policy = make_policy(config.lb_policy, cc, self._rng)
+        for change in pod_changes(old, config):
+            self._apply_listing(change.address, change.after, now)
+        for rank, pod in enumerate(config.pods):
+            self.trackers[pod.address].rank = rank
+        if old_probe is not None and config.probe is None:
+            for tracker in list(self.trackers.values()):
+                self._admit_unprobed(tracker, now, "probe removed")
+        for tracker in list(self.trackers.values()):
+            if cc == 0:
+                tracker.slots = None
+            elif owned is None:
+                tracker.slots = cc
+            else:
+                tracker.slots = owned.get(tracker.address, 0)
+            self._refresh(tracker)
+        self._dispatch()
+        return self._effects()
+
+    def _apply_listing(self, address: str, after: Listing, now: float) -> None:
+        """One pod's new listing, as pod state machine events (its tracker may linger
+        from an earlier listing: unlisted but still running requests)."""
+        tracker = self.trackers.get(address)
+        if after is Listing.ABSENT:
+            if tracker is not None and tracker.listed:
+                tracker.listed = False
+                self._fire(tracker, PodEvent.UNLISTED, now, "no longer in the file")
+            return
+        drained = after is Listing.DRAINED
+        if tracker is None:
+            tracker = self.trackers[address] = PodTracker(address, 0, now)
+            tracker.drain = drained
+            if drained:
+                self._fire(tracker, PodEvent.DRAIN_SET, now, "listed with drain: true")
+            else:
+                self._admit_unprobed(tracker, now, "listed")
+            return
+        was_listed, was_drained = tracker.listed, tracker.drain
+        tracker.listed, tracker.drain = True, drained
+        if not was_listed:
+            if not drained:
+                self._fire(tracker, PodEvent.LISTED, now, "listed again")
+                self._admit_unprobed(tracker, now, "listed again")
+        elif was_drained and not drained:
+            self._fire(tracker, PodEvent.DRAIN_CLEARED, now, "drain cleared")
+            self._admit_unprobed(tracker, now, "drain cleared")
+        elif drained and not was_drained:
+            self._fire(tracker, PodEvent.DRAIN_SET, now, "drain: true")
 
     def _admit_unprobed(self, tracker: PodTracker, now: float, why: str) -> None:
         """With ``probe: null`` a wanted pending pod is routable at once."""
@@ -462,7 +560,7 @@ class ServiceThrottler:
                 self._draining.add(tracker.address)
             elif old is DRAINING:
                 self._draining.discard(tracker.address)
-            self._on_transition(Transition(self.name, tracker.address, old, new, event, reason))
+            self._transitions.append(Transition(self.name, tracker.address, old, new, event, reason))
         if new is DRAINING and tracker.in_flight == 0:
             self._fire(tracker, PodEvent.LAST_RELEASED, now, "nothing in flight")
             return
@@ -471,7 +569,3 @@ class ServiceThrottler:
             del self.trackers[tracker.address]
             return
         self._refresh(tracker)
-
-
-def _ignore(transition: Transition) -> None:
-    pass

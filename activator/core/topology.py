@@ -1,27 +1,52 @@
 """The whole routing table: services by Host, their throttlers, and config changes.
 
-This module decides which service a request belongs to, and applies a new
-configuration to the running throttlers as a diff (trackers and queues survive).
-It is the one writer of topology: config reloads, probe results and the periodic
-tick all come through here, from one greenlet of the shell. Requests only call
-``route`` and then the throttler's acquire/release. Nothing here yields.
+This module decides which service a request belongs to, where a request goes when this
+process owns none (or no usable one) of its service's slots (``forward_target``,
+``may_forward``), and what the running throttlers do when the configuration changes
+(``apply``: as a diff; trackers and queues survive).
+
+It is the state the one topology writer changes: configuration changes, probe verdicts,
+transport failures and the periodic tick arrive as events (``core.events``) and are
+applied by ``handle``, from one greenlet of the shell. Requests only call ``route``, then
+their throttler's acquire and release. Nothing here yields; every change returns its
+``Effects`` for the shell to act on.
 """
 
 from __future__ import annotations
 
 import random
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Collection, Mapping, Sequence
+from typing import Any
 
 from . import slots as slot_division
-from .config import Config, ServiceConfig, normalize_host
+from .config import Config, ConfigDiff, ServiceConfig, normalize_host
 from .errors import UnknownHost
-from .throttler import ServiceThrottler, Transition
+from .events import ConfigChanged, Event, ProbeReport, Tick, TransportFailure
+from .throttler import NO_EFFECTS, Effects, ServiceThrottler
+
+#: Peer hops a request may take: the second only happens while activators disagree
+#: about who owns a service's slots (one applied a new file, the other not yet).
+MAX_PEER_HOPS = 2
+
+
+def may_forward(marker: str | None, kind: str) -> bool:
+    """Whether a request whose hops so far are ``marker`` may go on to a ``kind``.
+
+    ``marker`` is its ``X-Activator-Forwarded`` value (``"peer vm-a, worker 1"``). A
+    request goes to an owner of the service's slots in one hop. While two activators'
+    files differ, the peer it was sent to may no longer own a slot and know the new
+    owner: a second peer hop is allowed, never a third, so a disagreement cannot loop. A
+    request from a sibling worker goes nowhere else.
+    """
+    hops = [hop.split()[0] for hop in marker.split(",") if hop.strip()] if marker else []
+    if "worker" in hops:
+        return False
+    return kind == "worker" or hops.count("peer") < MAX_PEER_HOPS
 
 
 #: Distinct Host headers remembered by ``route`` before the memo starts over.
 ROUTE_CACHE_SIZE = 4096
-_UNSEEN = object()
 
 
 class Topology:
@@ -35,10 +60,8 @@ class Topology:
         worker_index: int = 0,
         workers: Sequence[str] = (),
         rng: random.Random | None = None,
-        on_transition: Callable[[Transition], None] | None = None,
     ) -> None:
         self._rng = rng
-        self._on_transition = on_transition
         #: This process's index among the activator's worker processes, and the private
         #: loopback address of each worker (empty: a single process).
         self.worker_index = worker_index
@@ -51,7 +74,8 @@ class Topology:
         # Host header as received -> service (None: unknown), rebuilt on every apply.
         self._route_cache: dict[str, ServiceThrottler | None] = {}
         self.config = config
-        self.apply(config, now)
+        #: The effects of building the routing table (pods turning healthy at once, ...).
+        self.initial_effects = self.apply(config, now)
 
     @property
     def worker(self) -> tuple[int, int]:
@@ -61,23 +85,29 @@ class Topology:
     def route(self, host_header: str) -> ServiceThrottler:
         """The service for a Host header; raises UnknownHost."""
         cache = self._route_cache
-        service = cache.get(host_header, _UNSEEN)
-        if service is _UNSEEN:
+        try:
+            service = cache[host_header]
+        except KeyError:
             if len(cache) >= ROUTE_CACHE_SIZE:
                 cache.clear()  # bounded: Host headers are client input
             service = cache[host_header] = self._by_host.get(normalize_host(host_header), self._catch_all)
         if service is None:
             raise UnknownHost()
-        return service  # type: ignore[return-value]
+        return service
 
-    def apply(self, config: Config, now: float, only: Collection[str] | None = None) -> None:
+    def apply(self, config: Config, now: float, diff: ConfigDiff | None = None) -> Effects:
         """Make the running state follow ``config``; keeps every tracker and waiter.
 
-        ``only``: the names of the services whose configuration changed (from the diff);
-        the others are left as they are, so that a big file with a small change costs
-        little on the event loop. None: look at every service.
+        ``diff`` (``core.config.diff_configs`` from the config applied before): only the
+        services it names are looked at, so that a big file with a small change costs
+        little on the event loop; all of them when the peers changed (every division
+        changes) or without a diff.
         """
+        only: Collection[str] | None = None
+        if diff is not None and not diff.peers_changed:
+            only = {service.name for service in diff.services}
         self.config = config
+        effects = NO_EFFECTS
         for name, service_config in config.services.items():
             if only is not None and name not in only and name in self.services:
                 continue
@@ -86,19 +116,20 @@ class Topology:
             _set_or_drop(self._fallbacks, name, fallback)
             throttler = self.services.get(name)
             if throttler is None:
-                self.services[name] = ServiceThrottler(
-                    service_config, now, owned=owned, rng=self._rng, on_transition=self._on_transition
-                )
+                throttler = self.services[name] = ServiceThrottler(service_config, now, owned=owned, rng=self._rng)
+                effects += throttler.initial_effects
             else:
-                throttler.apply(service_config, now, owned)
+                effects += throttler.apply(service_config, now, owned)
                 if forward is not None:
-                    throttler.redirect_waiters()
+                    effects += throttler.redirect_waiters()
         for name, throttler in list(self.services.items()):
             if name not in config.services:
                 self._forwards.pop(name, None)
                 self._fallbacks.pop(name, None)
-                retired = ServiceConfig(name=name, hosts=(), container_concurrency=throttler.config.container_concurrency)
-                throttler.apply(retired, now, {})
+                retired = ServiceConfig(
+                    name=name, hosts=(), container_concurrency=throttler.config.container_concurrency
+                )
+                effects += throttler.apply(retired, now, {})
         self._by_host = {}
         self._catch_all = None
         self._route_cache = {}
@@ -109,6 +140,23 @@ class Topology:
                 else:
                     self._by_host[host] = self.services[name]
         self._drop_retired()
+        return effects
+
+    def handle(self, event: Event, now: float) -> Effects:
+        """Apply one topology event (the writer's only call). Does not yield."""
+        if isinstance(event, TransportFailure):
+            throttler = self.services.get(event.service)
+            return NO_EFFECTS if throttler is None else throttler.record_failure(event.address, event.kind, now)
+        if isinstance(event, ProbeReport):
+            throttler = self.services.get(event.service)
+            if throttler is None:
+                return NO_EFFECTS
+            return throttler.probe_result(event.address, event.verdict, now, event.detail)
+        if isinstance(event, Tick):
+            return self.tick(now)
+        if isinstance(event, ConfigChanged):
+            return self.apply(event.config, now, event.diff)
+        raise TypeError(f"not a topology event: {event!r}")
 
     def owned_slots(self, service: ServiceConfig) -> Mapping[str, int] | None:
         """Slots of each pod owned by this process; None when it owns them all."""
@@ -162,11 +210,13 @@ class Topology:
             limits = division[me]
         return limits, None, fallback
 
-    def tick(self, now: float) -> None:
+    def tick(self, now: float) -> Effects:
         """Periodic housekeeping (drain timeouts, retired services)."""
+        effects = NO_EFFECTS
         for throttler in self.services.values():
-            throttler.tick(now)
+            effects += throttler.tick(now)
         self._drop_retired()
+        return effects
 
     def snapshot(self, now: float) -> dict[str, Any]:
         services = {}

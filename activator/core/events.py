@@ -1,0 +1,51 @@
+"""Topology events: everything that changes pods and services, other than requests.
+
+The shell turns what it observes into one of these values (a new file was read, a probe
+answered, a request met a transport failure, time passed) and hands it to the one
+topology writer, which applies them one at a time, in order, with ``Topology.handle``.
+Requests themselves only acquire and release slots. Frozen values: an event can be
+queued, logged and compared.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .config import Config, ConfigDiff
+from .failures import FailureKind
+from .probes import Verdict
+
+
+@dataclass(frozen=True)
+class ConfigChanged:
+    """A new valid configuration, and what it changes from the one applied before."""
+
+    config: Config
+    diff: ConfigDiff
+
+
+@dataclass(frozen=True)
+class ProbeReport:
+    """One active probe's verdict on a pod."""
+
+    service: str
+    address: str
+    verdict: Verdict
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class TransportFailure:
+    """A request to a pod failed (``core.failures``)."""
+
+    service: str
+    address: str
+    kind: FailureKind
+
+
+@dataclass(frozen=True)
+class Tick:
+    """Time passed: drain timeouts, retired services."""
+
+
+Event = ConfigChanged | ProbeReport | TransportFailure | Tick

@@ -1,0 +1,62 @@
+"""Active health probes: when a pod is probed, and what a probe's outcome means.
+
+The shell does the I/O (``GET probe.path`` within ``probe.timeout``) and reports a
+``ProbeOutcome``; these rules decide the rest:
+
+- **What is probed**: pods that are ``pending`` or ``healthy``, of a service with a probe
+  (``probed``). Draining and removed pods are left alone.
+- **Busy pods are not misjudged.** A pod whose slots here are all in use is not probed at
+  all (``probe_due``): it is visibly alive, it is serving our requests, and a probe would
+  only queue behind the work, as with a one-request-at-a-time model server. A probe that
+  fails while requests are in flight on the pod is ``INCONCLUSIVE`` (``judge``), except a
+  refused connection: a pod that refuses connections is down, busy or not.
+- **What passes**: a 2xx or 3xx answer within the timeout. ``healthy_after`` passes in a
+  row make a pending pod healthy, ``unhealthy_after`` failures in a row a healthy pod
+  pending (``ServiceThrottler.probe_result``).
+"""
+
+from __future__ import annotations
+
+import enum
+
+from .states import PodState
+
+
+class ProbeOutcome(enum.Enum):
+    """What one probe saw."""
+
+    PASSED = "passed"  # 2xx or 3xx in time
+    BAD_STATUS = "bad-status"  # any other status
+    TIMED_OUT = "timed-out"  # no complete answer within probe.timeout
+    REFUSED = "refused"  # no connection could be made
+    BROKEN = "broken"  # the connection broke, or the answer was not HTTP
+
+
+class Verdict(enum.Enum):
+    """What the outcome counts as."""
+
+    PASS = "pass"
+    FAIL = "fail"
+    INCONCLUSIVE = "inconclusive"  # ignored: neither a pass nor a failure
+
+
+PROBED_STATES = frozenset((PodState.PENDING, PodState.HEALTHY))
+
+
+def probed(state: PodState) -> bool:
+    """Whether a pod in this state is probed (its service having a probe)."""
+    return state in PROBED_STATES
+
+
+def probe_due(in_flight: int, slots: int | None) -> bool:
+    """Whether to probe now: not while every slot of the pod owned here is in use."""
+    return slots is None or in_flight < max(slots, 1)
+
+
+def judge(outcome: ProbeOutcome, in_flight: int) -> Verdict:
+    """What a probe outcome counts as, for a pod with ``in_flight`` requests here."""
+    if outcome is ProbeOutcome.PASSED:
+        return Verdict.PASS
+    if outcome is ProbeOutcome.REFUSED or in_flight == 0:
+        return Verdict.FAIL
+    return Verdict.INCONCLUSIVE
