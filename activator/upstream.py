@@ -70,7 +70,7 @@ from gevent.monkey import get_original
 from gevent.select import select as gselect
 
 from . import deadlines
-from .core.errors import ClientTimeout, UpstreamBadResponse, UpstreamConnectError, UpstreamTimeout
+from .core.errors import ClientBodyError, ClientTimeout, UpstreamBadResponse, UpstreamConnectError, UpstreamTimeout
 from .core.failures import FailureKind
 from .core.http import BodyFraming, Header
 
@@ -86,8 +86,6 @@ __all__ = [
 
 #: Size of one recv from the pod and of one read from the request body.
 BLOCK_SIZE = 65536
-#: An idle connection reused within this long is not polled first (see ``UpstreamPool._take``).
-UNCHECKED_REUSE_SECONDS = 0.5
 
 _poll = get_original("select", "poll")  # the real poll, only ever with a zero timeout
 _POLLIN = select.POLLIN
@@ -166,9 +164,13 @@ class _Stale(Exception):
 
 
 def _connect_error(
-    message: str, *, connected: bool = True, cls: type[UpstreamConnectError] = UpstreamConnectError
+    message: str,
+    *,
+    connected: bool = True,
+    body_read: bool = True,
+    cls: type[UpstreamConnectError] = UpstreamConnectError,
 ) -> UpstreamConnectError:
-    return cls(message, connected=connected, body_read=connected)
+    return cls(message, connected=connected, body_read=body_read)
 
 
 def _timeout_error(message: str) -> UpstreamTimeout:
@@ -218,7 +220,9 @@ class UpstreamPool:
             sock.setsockopt(_IPPROTO_TCP, _TCP_NODELAY, 1)
             sock.settimeout(None)  # from now on, deadlines (see ``deadlines``)
         except OSError as error:  # refused, unreachable, timeout, name resolution
-            raise _connect_error(f"connect to {self.where} failed: {error!r}", connected=False) from error
+            raise _connect_error(
+                f"connect to {self.where} failed: {error!r}", connected=False, body_read=False
+            ) from error
         return PodConnection(self, sock)
 
     def give_back(self, conn: PodConnection) -> None:
@@ -226,24 +230,17 @@ class UpstreamPool:
         if self._closed or len(self._idle) >= self.max_idle:
             conn.abort()
         else:
-            conn.idle_since = time.monotonic()
             self._idle.append(conn)
 
-    def _take(self, replayable: bool) -> PodConnection | None:
+    def _take(self) -> PodConnection | None:
         """The most recently used idle connection that still looks alive, or None.
 
-        A connection idle for long, or one about to carry a body that could not be
-        replayed, is polled first (EOF, a reset or stray bytes: the pod closed it). One
-        reused a moment ago is not: a pod that closed it all the same makes the request
-        fail before any response byte, and a replayable request is then sent again on a
-        fresh connection (the retry rule).
+        Each is polled first (no wait): EOF, a reset or stray bytes mean the pod closed it
+        or broke its framing; it is closed and the next one tried.
         """
         idle = self._idle
-        now = time.monotonic()
         while idle:
             conn = idle.pop()
-            if replayable and now - conn.idle_since < UNCHECKED_REUSE_SECONDS:
-                return conn
             if not _readable_or_closed(conn.fd):
                 return conn
             conn.abort()
@@ -266,10 +263,7 @@ class UpstreamPool:
         this adds the framing line. ``framing``/``content_length``: how ``body`` is sent.
         The connection returned carries the response: read it, then ``close()`` it.
         """
-        replayable = framing is BodyFraming.NONE or (
-            framing is BodyFraming.LENGTH and content_length is not None and content_length <= BLOCK_SIZE
-        )
-        conn = self._take(replayable)
+        conn = self._take()
         reused = conn is not None
         if conn is None:
             conn = self._connect(timeouts.connect)
@@ -311,7 +305,6 @@ class PodConnection(deadlines.Watched):
     __slots__ = (
         "pool",
         "fd",
-        "idle_since",
         "status",
         "reason",
         "headers",
@@ -353,7 +346,6 @@ class PodConnection(deadlines.Watched):
         super().__init__(sock)
         self.pool = pool
         self.fd = sock.fileno()
-        self.idle_since = 0.0
         self._parser: httptools.HttpResponseParser | None = None
         self._open = True
         deadlines.sweeper().add(self)
@@ -480,8 +472,8 @@ class PodConnection(deadlines.Watched):
                 readable, _, _ = gselect([client_fd, self.fd], [], [], self._timeouts.client)
                 if not readable:
                     raise ClientTimeout("the request body stalled for client_timeout")
-                if self.fd in readable and self._pod_spoke():
-                    return True
+                if self.fd in readable:
+                    continue  # the pod spoke (a final answer, or a 1xx): look at it first
             piece = body.read(BLOCK_SIZE if chunked else min(BLOCK_SIZE, self._remaining))
             if chunked:
                 if piece:
@@ -491,9 +483,11 @@ class PodConnection(deadlines.Watched):
                     self._remaining = 0
             else:
                 if not piece:
-                    raise ClientTimeout("the request body ended before its Content-Length")
+                    raise ClientBodyError("the request body ended before its Content-Length")
                 self._remaining -= len(piece)
                 self._send_piece(piece)
+            if self.head_done:
+                return True
         return False
 
     def _pod_spoke(self) -> bool:
@@ -508,7 +502,8 @@ class PodConnection(deadlines.Watched):
         return self.head_done
 
     def _send_piece(self, data: bytes) -> None:
-        """Send ``data``, stopping early if the pod speaks (it may be answering already)."""
+        """Send all of ``data``, reading what the pod says meanwhile; stops early only when
+        the pod gave its final answer (``head_done``) or closed."""
         sock = self.sock
         fd = self.fd
         view = memoryview(data)
@@ -518,7 +513,9 @@ class PodConnection(deadlines.Watched):
             poller.register(fd, _POLLOUT | _POLL_GONE)
             events = dict(poller.poll(0)).get(fd, 0)
             if events & _POLL_GONE:
-                return  # the pod answered or closed: the caller reads it
+                if self._pod_spoke():
+                    return  # the final answer: the rest of the body is not wanted
+                continue  # a 1xx: go on sending
             if not events & _POLLOUT:
                 try:
                     gsocket.wait_readwrite(fd, timeout=timeout, timeout_exc=TimeoutError())
@@ -530,7 +527,9 @@ class PodConnection(deadlines.Watched):
             except OSError as error:
                 if self._pod_spoke():
                     return
-                raise _connect_error(f"{self.pool.where} failed while the request body was sent: {error!r}") from error
+                raise _connect_error(
+                    f"{self.pool.where} failed while the request body was sent: {error!r}", body_read=True
+                ) from error
 
     # -- reading the head ----------------------------------------------------------------------
 
@@ -559,7 +558,11 @@ class PodConnection(deadlines.Watched):
         try:
             self._feed_head(data)
         except httptools.HttpParserError as error:
-            raise _connect_error(f"{where} sent a malformed response head: {error}", cls=UpstreamBadResponse) from error
+            if not self.complete:
+                raise _connect_error(
+                    f"{where} sent a malformed response head: {error}", cls=UpstreamBadResponse
+                ) from error
+            self._extra = True  # garbage after a complete answer: answer it, never reuse
         interims = self._interims
         if interims:
             self._interims = []
@@ -610,7 +613,10 @@ class PodConnection(deadlines.Watched):
 
     def on_header(self, name: bytes, value: bytes) -> None:
         if self.head_done:
-            self.trailers.append((name, value))
+            if self.complete:  # a message after this response: not ours
+                self._extra = True
+            else:
+                self.trailers.append((name, value))
             return
         self.headers.append((name, value))
         lower = name.lower()
@@ -663,7 +669,10 @@ class PodConnection(deadlines.Watched):
             self.complete = True
 
     def on_body(self, data: bytes) -> None:
-        self._pending.append(data)
+        if self.complete:  # the body of a message after this response: not ours
+            self._extra = True
+        else:
+            self._pending.append(data)
 
     def on_message_complete(self) -> None:
         if self.head_done:

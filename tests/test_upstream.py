@@ -1,540 +1,356 @@
-"""The upstream client against real sockets on 127.0.0.1: pooling, reuse rules, streaming
-both ways, timeouts, and every way a pod can fail (tests/upstream_backend.py).
+"""The pod-side HTTP/1.1 client (``activator.upstream``) against real sockets on 127.0.0.1.
+
+What is tested: pooling (LIFO, ``max_idle``, close), the reuse rules, the retry rule for
+stale kept-alive connections, streaming both ways without buffering, uploads with
+Content-Length and chunked (the same bytes and trailers arriving), early answers, 1xx,
+trailers, repeated header lines, HEAD, the response framings (length, chunked, until
+close, other codings refused), every way a pod can fail, the deadlines (``Timeouts``),
+pods that keep Nagle's algorithm, and client bodies that fail or stall.
+
+How: the pods are in-process gevent servers (``upstream_backend``): a pywsgi app for
+well-behaved traffic and hand-written raw handlers for everything else; the requests a
+raw pod gets are decoded by llhttp, so a test checks what really arrived. Request bodies
+come from two test body sources: ``BufferedBody`` (all bytes in hand) and ``SocketBody``
+(a socketpair the test writes: a real slow client). The session is not monkey-patched:
+everything uses gevent sockets and primitives directly. No assertion is about time: a
+timeout here only bounds a wait, so that a bug shows as a failure instead of a hang.
 """
 
+from __future__ import annotations
+
 import hashlib
-import io
 import json
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 import gevent
 import gevent.event
 import pytest
+from gevent import socket as gsocket
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from upstream_backend import (
+    Handler,
+    RawBackend,
+    RequestReader,
+    WsgiBackend,
+    answer_every_request,
+    drain,
+    listener,
+    pattern,
+    read_head,
+    reset,
+)
 
-from activator.core.errors import UpstreamConnectError, UpstreamTimeout
-from activator.upstream import (
-    RequestBodyError,
+from activator.core.errors import (
+    ClientBodyError,
+    ClientGone,
+    ClientTimeout,
     UpstreamBadResponse,
+    UpstreamConnectError,
+    UpstreamTimeout,
+)
+from activator.core.failures import CONNECT_RETRIES, FailureKind, may_retry_elsewhere
+from activator.core.http import BodyFraming, Header
+from activator.upstream import (
+    BLOCK_SIZE,
+    InterimCallback,
+    PodConnection,
+    Timeouts,
     UpstreamBodyError,
     UpstreamBodyTimeout,
+    UpstreamIdle,
     UpstreamPool,
 )
-from upstream_backend import RawBackend, WsgiBackend, listener, pattern, read_head, reset
 
 MiB = 1024 * 1024
-TIMEOUTS = {"connect_timeout": 2.0, "request_timeout": 5.0}
+#: Generous: no test here expects a connect or a response head to take long.
+TIMEOUTS = Timeouts(connect=2.0, response_start=5.0)
+#: Seconds a test waits for something that should happen at once (only to turn a hang into a failure).
+BOUND = 5.0
+#: Seconds after which a whole test counts as hung (each takes well under one).
+TEST_BOUND = 20.0
+#: An upload far larger than what loopback socket buffers hold, so a pod that stops
+#: reading (or answers early) is seen while most of it is still unsent.
+LARGE = bytes(32 * MiB)
+
+OK_EMPTY = b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"
 
 
-@pytest.fixture
-def backend():
-    b = WsgiBackend()
-    yield b
-    b.close()
+# -- request bodies ----------------------------------------------------------------------------
 
 
-@pytest.fixture
-def pool(backend):
-    p = UpstreamPool("127.0.0.1", backend.port)
-    yield p
-    p.close()
+class BufferedBody:
+    """A request body wholly in hand, as one that came in with its head.
 
+    ``buffered()`` is always True, so the client never waits on ``fileno()`` (-1: a wait
+    on it would fail loudly). Hands out at most ``step`` bytes a read and counts reads.
+    After ``fail_after`` reads it raises ``ClientGone`` (the client left mid-body);
+    ``known_error`` is what ``raise_known_error`` raises (broken framing already parsed).
+    """
 
-@pytest.fixture
-def raw():
-    servers = []
-
-    def start(handler, **kw):
-        s = RawBackend(handler, **kw)
-        servers.append(s)
-        return s
-
-    yield start
-    for s in servers:
-        s.close()
-
-
-def host(port):
-    return [("Host", f"127.0.0.1:{port}")]
-
-
-def call(pool, method, path, body=None, body_length=None, headers=None, **timeouts):
-    resp = pool.request(
-        method, path, headers if headers is not None else host(pool.port), body, body_length, **(timeouts or TIMEOUTS)
-    )
-    try:
-        data = b"".join(resp.chunks())
-    finally:
-        resp.close()
-    return resp, data
-
-
-class ChunkyReader:
-    """A file-like body that hands out at most ``step`` bytes per read and counts reads."""
-
-    def __init__(self, data: bytes, step: int = 10_000) -> None:
-        self._f = io.BytesIO(data)
+    def __init__(
+        self,
+        data: bytes,
+        *,
+        step: int = BLOCK_SIZE,
+        fail_after: int | None = None,
+        known_error: Exception | None = None,
+        trailers: list[Header] | None = None,
+    ) -> None:
+        self._data = memoryview(data)
+        self._offset = 0
         self.step = step
         self.reads = 0
+        self.fail_after = fail_after
+        self.known_error = known_error
+        self.trailers: list[Header] = trailers or []
 
-    def read(self, n: int) -> bytes:
+    def read(self, size: int = BLOCK_SIZE) -> bytes:
         self.reads += 1
-        return self._f.read(min(n, self.step))
+        if self.fail_after is not None and self.reads > self.fail_after:
+            raise ClientGone("the client went away mid-body")
+        start = self._offset
+        self._offset = min(len(self._data), start + min(size, self.step))
+        return bytes(self._data[start : self._offset])
+
+    def raise_known_error(self) -> None:
+        if self.known_error is not None:
+            raise self.known_error
+
+    def buffered(self) -> bool:
+        return True
+
+    def fileno(self) -> int:
+        return -1
 
 
-# -- keep-alive and streaming ----------------------------------------------------------
+class SocketBody:
+    """A request body that a test sends as it goes, like a slow client.
+
+    The client under test reads one end of a socketpair; the test writes ``client``, the
+    other end, and closes it to end a chunked body. ``buffered()`` is False: every wait
+    for the body is a wait on ``fileno()``, as with a real client socket.
+    """
+
+    def __init__(self) -> None:
+        self.sock, self.client = gsocket.socketpair()
+        self.sock.settimeout(BOUND * 2)  # only so that a broken test fails instead of hanging
+        self.trailers: list[Header] = []
+
+    def read(self, size: int = BLOCK_SIZE) -> bytes:
+        piece: bytes = self.sock.recv(size)
+        return piece
+
+    def raise_known_error(self) -> None:
+        pass
+
+    def buffered(self) -> bool:
+        return False
+
+    def fileno(self) -> int:
+        fd: int = self.sock.fileno()
+        return fd
+
+    def send_all_then_end(self, data: bytes) -> gevent.Greenlet:
+        """Write ``data`` from a greenlet, then close the client end (EOF)."""
+
+        def write() -> None:
+            self.client.sendall(data)
+            self.client.close()
+
+        return gevent.spawn(write)
+
+    def close(self) -> None:
+        self.sock.close()
+        self.client.close()
 
 
-def test_keep_alive_reuses_one_connection(backend, pool):
+RequestBody = BufferedBody | SocketBody
+#: The ``raw`` fixture: ``raw(handler, **RawBackend options) -> (pod, pool to it)``.
+RawFactory = Callable[..., tuple[RawBackend, UpstreamPool]]
+Interim = tuple[int, bytes, list[Header]]
+
+
+# -- fixtures and helpers --------------------------------------------------------------------------
+
+
+@pytest.fixture(autouse=True)
+def hang_is_failure() -> Iterator[None]:
+    """A client that waits forever (no deadline of its own fires) fails the test instead of hanging it."""
+    with gevent.Timeout(TEST_BOUND, AssertionError(f"the test was still waiting after {TEST_BOUND}s")):
+        yield
+
+
+@pytest.fixture
+def backend() -> Iterator[WsgiBackend]:
+    server = WsgiBackend()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def pool(backend: WsgiBackend) -> Iterator[UpstreamPool]:
+    upstream = UpstreamPool("127.0.0.1", backend.port)
+    yield upstream
+    upstream.close()
+
+
+@pytest.fixture
+def raw() -> Iterator[RawFactory]:
+    """Raw pods, each with a pool to it; all closed at teardown."""
+    started: list[tuple[RawBackend, UpstreamPool]] = []
+
+    def start(handler: Handler | None, **options: bool) -> tuple[RawBackend, UpstreamPool]:
+        pod = RawBackend(handler, **options)
+        started.append((pod, UpstreamPool("127.0.0.1", pod.port)))
+        return started[-1]
+
+    yield start
+    for pod, upstream in started:
+        upstream.close()
+        pod.close()
+
+
+@pytest.fixture
+def socket_body() -> Iterator[SocketBody]:
+    body = SocketBody()
+    yield body
+    body.close()
+
+
+def host_line(port: int) -> bytes:
+    return b"Host: 127.0.0.1:%d\r\n" % port
+
+
+def send(
+    pool: UpstreamPool,
+    method: str = "GET",
+    target: bytes = b"/",
+    body: RequestBody | None = None,
+    *,
+    length: int | None = None,
+    timeouts: Timeouts = TIMEOUTS,
+    interim: InterimCallback | None = None,
+    header_block: bytes | None = None,
+) -> PodConnection:
+    """One request: no body, a body with Content-Length (``length`` given) or chunked."""
+    framing = BodyFraming.NONE if body is None else BodyFraming.CHUNKED if length is None else BodyFraming.LENGTH
+    if header_block is None:
+        header_block = host_line(pool.port)
+    return pool.request(method, target, header_block, body, framing, length, timeouts, interim=interim)
+
+
+def read_to_end(response: PodConnection) -> bytes:
+    """The whole response body; the connection is closed (or pooled) after it."""
+    try:
+        return b"".join(response.body())
+    finally:
+        response.close()
+
+
+def fetch(*args: Any, **kwargs: Any) -> tuple[PodConnection, bytes]:
+    """``send(*args, **kwargs)``, and the whole answer read."""
+    response = send(*args, **kwargs)
+    return response, read_to_end(response)
+
+
+def recorded() -> tuple[list[Interim], InterimCallback]:
+    """An interim callback and the list of the 1xx answers it gets."""
+    calls: list[Interim] = []
+    return calls, lambda status, reason, headers: calls.append((status, reason, headers))
+
+
+def send_in_pieces(conn: gsocket.socket, data: bytes, cuts: Iterable[int]) -> None:
+    """Send ``data`` cut at ``cuts``, each piece in its own write, pausing between them so
+    that the client gets them in separate reads (pacing only: nothing depends on it)."""
+    start = 0
+    for end in [*sorted(set(cuts)), len(data)]:
+        conn.sendall(data[start:end])
+        start = end
+        gevent.sleep(0.001)
+
+
+def counting_pod(
+    after_head: Callable[[gsocket.socket], None] | None = None,
+) -> tuple[Handler, gevent.event.AsyncResult]:
+    """A handler that reads whatever comes (after ``after_head(conn)`` once a request head
+    arrived, if given) until the client closes, and reports how many bytes it got."""
+    received = gevent.event.AsyncResult()
+
+    def handler(conn: gsocket.socket, index: int) -> None:
+        reader = RequestReader(conn)
+        if after_head is not None and reader.read_until(lambda request: request.head_done):
+            after_head(conn)
+        received.set(reader.received + drain(conn))
+
+    return handler, received
+
+
+def bytes_until_closed(received: gevent.event.AsyncResult) -> int:
+    """What a ``counting_pod`` got, once the client closed the connection (a failure if it does not)."""
+    try:
+        count: int = received.get(timeout=BOUND)
+    except gevent.Timeout:
+        pytest.fail("the pod connection was left open")
+    return count
+
+
+def may_go_elsewhere(error: UpstreamConnectError) -> bool:
+    """Whether the proxy's retry rule sends this failed request to another pod."""
+    return may_retry_elsewhere(error.kind, error.connected, error.body_read, CONNECT_RETRIES, stopping=False)
+
+
+# -- keep-alive and pooling ----------------------------------------------------------------------
+
+
+def test_keep_alive_reuses_one_connection(backend: WsgiBackend, pool: UpstreamPool) -> None:
     for _ in range(5):
-        resp, data = call(pool, "GET", "/bytes/100")
-        assert resp.status == 200
-        assert resp.reason == "OK"
-        assert resp.content_length == 100
+        response, data = fetch(pool, target=b"/bytes/100")
+        assert (response.status, response.reason) == (200, b"OK")
+        assert (response.framing, response.content_length) == (BodyFraming.LENGTH, 100)
         assert data == pattern(100)
-        assert ("X-Kind", "bytes") in resp.headers
+        assert (b"X-Kind", b"bytes") in response.headers
     assert backend.connections == 1
     assert pool.idle_count == 1
 
 
-def test_response_headers_have_no_hop_by_hop_or_length(raw):
-    def handler(conn, index):
-        read_head(conn)
-        conn.sendall(
-            b"HTTP/1.1 200 OK\r\nConnection: X-Private, keep-alive\r\nKeep-Alive: timeout=5\r\n"
-            b"X-Private: secret\r\nX-Public: yes\r\nTransfer-Encoding: chunked\r\nSet-Cookie: a=1\r\n"
-            b"Set-Cookie: b=2\r\n\r\n3\r\nabc\r\n0\r\n\r\n"
-        )
-        read_head(conn)
-
-    srv = raw(handler)
-    pool = UpstreamPool("127.0.0.1", srv.port)
-    resp, data = call(pool, "GET", "/")
-    assert data == b"abc"
-    assert resp.content_length is None
-    assert resp.headers == [("X-Public", "yes"), ("Set-Cookie", "a=1"), ("Set-Cookie", "b=2")]
-    assert pool.idle_count == 1  # chunked and keep-alive: reusable
-    pool.close()
-
-
-def test_upload_4mib_with_content_length(backend, pool):
-    data = pattern(4 * MiB + 7)
-    body = ChunkyReader(data, step=100_000)
-    resp, out = call(pool, "POST", "/echo", body, len(data))
-    info = json.loads(out)
-    assert info["sha256"] == hashlib.sha256(data).hexdigest()
-    assert info["length"] == len(data)
-    assert info["content_length"] == str(len(data))
-    assert info["transfer_encoding"] is None
-    assert info["host"] == f"127.0.0.1:{backend.port}"
-    assert body.reads > 10  # streamed in pieces, not read whole
-
-
-def test_upload_chunked_unknown_length(backend, pool):
-    data = pattern(3 * MiB + 12345)
-    resp, out = call(pool, "PUT", "/echo", ChunkyReader(data, step=70_000), None)
-    info = json.loads(out)
-    assert info["sha256"] == hashlib.sha256(data).hexdigest()
-    assert info["length"] == len(data)
-    assert info["transfer_encoding"] == "chunked"
-    assert info["method"] == "PUT"
-
-
-def test_empty_bodies(backend, pool):
-    _, out = call(pool, "POST", "/echo", None, 0)
-    assert json.loads(out)["content_length"] == "0"
-    _, out = call(pool, "POST", "/echo", io.BytesIO(b""), None)  # chunked, zero chunks
-    info = json.loads(out)
-    assert info["length"] == 0 and info["transfer_encoding"] == "chunked"
-    assert backend.connections == 1
-
-
-def test_short_request_body_is_a_request_body_error(backend, pool):
-    with pytest.raises(RequestBodyError):
-        pool.request("POST", "/echo", host(backend.port), io.BytesIO(b"x" * 100_000), 200_000, **TIMEOUTS)
-    assert pool.idle_count == 0  # that connection was closed, not pooled
-    resp, _ = call(pool, "GET", "/bytes/1")
-    assert resp.status == 200
-
-
-def test_download_4mib(backend, pool):
-    n = 4 * MiB + 3
-    resp = pool.request("GET", f"/bytes/{n}", host(backend.port), None, None, **TIMEOUTS)
-    assert resp.content_length == n
-    h = hashlib.sha256()
-    pieces = 0
-    for piece in resp.chunks():
-        assert isinstance(piece, bytes)
-        assert len(piece) <= 65536
-        h.update(piece)
-        pieces += 1
-    resp.close()
-    assert h.hexdigest() == hashlib.sha256(pattern(n)).hexdigest()
-    assert pieces > 1
-    assert pool.idle_count == 1  # fully read: back in the pool
-
-
-def test_slow_chunked_response_is_streamed_chunk_by_chunk(backend, pool):
-    resp = pool.request("GET", "/slow", host(backend.port), None, None, **TIMEOUTS)
-    assert resp.content_length is None
-    got = []
-    for piece in resp.chunks():
-        i = len(got)
-        got.append(piece)
-        backend.log.append(("got", i))
-        backend.acks[i].set()
-    resp.close()
-    assert got == backend.slow_chunks  # one piece per chunk, nothing merged or held back
-    # The first chunk reached us before the backend sent the last one.
-    assert backend.log.index(("got", 0)) < backend.log.index(("sent", 4))
-    assert pool.idle_count == 1
-
-
-def test_head_204_304_have_no_body_and_reuse(backend, pool):
-    resp, data = call(pool, "HEAD", "/bytes/5000")
-    assert (resp.status, data, resp.content_length) == (200, b"", 5000)
-    resp, data = call(pool, "GET", "/status/204")
-    assert (resp.status, data) == (204, b"")
-    resp, data = call(pool, "GET", "/status/304")
-    assert (resp.status, data) == (304, b"")
-    resp, data = call(pool, "GET", "/bytes/10")
-    assert data == pattern(10)
-    assert backend.connections == 1
-
-
-def test_interim_1xx_response_is_skipped(raw):
-    def handler(conn, index):
-        read_head(conn)
-        conn.sendall(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\n")
-        conn.sendall(b"HTTP/1.1 201 Created\r\nContent-Length: 2\r\n\r\nok")
-        read_head(conn)
-
-    srv = raw(handler)
-    pool = UpstreamPool("127.0.0.1", srv.port)
-    resp, data = call(pool, "POST", "/", io.BytesIO(b"abc"), 3)
-    assert (resp.status, resp.reason, resp.headers, data) == (201, "Created", [], b"ok")
-    assert pool.idle_count == 1
-    pool.close()
-
-
-def test_read_until_close_response_is_not_reused(raw):
-    def handler(conn, index):
-        read_head(conn)
-        conn.sendall(b"HTTP/1.0 200 OK\r\nX-A: 1\r\n\r\n")
-        conn.sendall(b"until close")
-
-    srv = raw(handler)
-    pool = UpstreamPool("127.0.0.1", srv.port)
-    for _ in range(2):
-        resp, data = call(pool, "GET", "/")
-        assert (resp.status, resp.content_length, data) == (200, None, b"until close")
-        assert pool.idle_count == 0
-    assert srv.accepted == 2
-    pool.close()
-
-
-# -- failures ----------------------------------------------------------------------------
-
-
-def test_connection_refused_is_retriable_connect_error():
-    sock = listener()
-    port = sock.getsockname()[1]
-    sock.close()  # nothing listens there now
-    pool = UpstreamPool("127.0.0.1", port)
-    body = ChunkyReader(b"abc")
-    with pytest.raises(UpstreamConnectError) as ei:
-        pool.request("POST", "/", host(port), body, 3, **TIMEOUTS)
-    assert ei.value.retriable is True
-    assert ei.value.status == 502
-    assert body.reads == 0  # the body is untouched, so the proxy may retry elsewhere
-
-
-def test_accept_and_never_answer_is_timeout(raw):
-    srv = raw(lambda conn, index: gevent.sleep(10))
-    pool = UpstreamPool("127.0.0.1", srv.port)
-    with pytest.raises(UpstreamTimeout) as ei:
-        pool.request("GET", "/", host(srv.port), None, None, connect_timeout=1.0, request_timeout=0.2)
-    assert ei.value.status == 504
-    assert pool.idle_count == 0
-
-
-def test_never_accepted_is_timeout_too(raw):
-    srv = raw(None, accept=False)  # the kernel completes the handshake from the backlog
-    pool = UpstreamPool("127.0.0.1", srv.port)
-    with pytest.raises(UpstreamTimeout):
-        pool.request("GET", "/", host(srv.port), None, None, connect_timeout=1.0, request_timeout=0.1)
-
-
-def test_garbage_response_is_bad_response(raw):
-    def handler(conn, index):
-        read_head(conn)
-        conn.sendall(b"SSH-2.0-OpenSSH_9.2\r\n\r\n")
-
-    srv = raw(handler)
-    pool = UpstreamPool("127.0.0.1", srv.port)
-    with pytest.raises(UpstreamBadResponse) as ei:
-        pool.request("GET", "/", host(srv.port), None, None, **TIMEOUTS)
-    assert isinstance(ei.value, UpstreamConnectError)
-    assert (ei.value.status, ei.value.reason, ei.value.retriable) == (502, "upstream-bad-response", False)
-
-
-def test_reset_before_head_is_non_retriable_connect_error(raw):
-    def handler(conn, index):
-        read_head(conn)
-        reset(conn)
-
-    srv = raw(handler)
-    pool = UpstreamPool("127.0.0.1", srv.port)
-    with pytest.raises(UpstreamConnectError) as ei:
-        pool.request("GET", "/", host(srv.port), None, None, **TIMEOUTS)
-    assert type(ei.value) is UpstreamConnectError
-    assert ei.value.retriable is False  # the request had been sent
-
-
-def test_close_after_partial_head_is_connect_error(raw):
-    def handler(conn, index):
-        read_head(conn)
-        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Le")
-
-    srv = raw(handler)
-    pool = UpstreamPool("127.0.0.1", srv.port)
-    with pytest.raises(UpstreamConnectError) as ei:
-        pool.request("GET", "/", host(srv.port), None, None, **TIMEOUTS)
-    assert ei.value.retriable is False
-
-
-@pytest.mark.parametrize("how", ["reset", "fin"])
-def test_broken_body_raises_body_error(raw, how):
-    def handler(conn, index):
-        read_head(conn)
-        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 1000000\r\n\r\n" + b"x" * 1000)
-        gevent.sleep(0.05)
-        if how == "reset":
-            reset(conn)
-
-    srv = raw(handler)
-    pool = UpstreamPool("127.0.0.1", srv.port)
-    resp = pool.request("GET", "/", host(srv.port), None, None, **TIMEOUTS)
-    assert resp.status == 200
-    got = b""
-    with pytest.raises(UpstreamBodyError) as ei:
-        for piece in resp.chunks():
-            got += piece
-    assert not ei.value.timed_out
-    assert got == b"x" * 1000
-    resp.close()
-    resp.close()  # idempotent
-    assert pool.idle_count == 0
-
-
-def test_broken_chunked_body_raises_body_error(raw):
-    def handler(conn, index):
-        read_head(conn)
-        conn.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n")
-        gevent.sleep(0.05)
-        conn.sendall(b"zz\r\nnot hex\r\n")
-
-    srv = raw(handler)
-    pool = UpstreamPool("127.0.0.1", srv.port)
-    resp = pool.request("GET", "/", host(srv.port), None, None, **TIMEOUTS)
-    it = resp.chunks()
-    assert next(it) == b"hello"
-    with pytest.raises(UpstreamBodyError):
-        next(it)
-    resp.close()
-
-
-@pytest.mark.parametrize(
-    "head",
-    [b"Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n", b"Content-Length: 100\r\n\r\nhello"],
-    ids=["chunked", "length"],
-)
-def test_stalled_body_hits_request_timeout(raw, head):
-    def handler(conn, index):
-        read_head(conn)
-        conn.sendall(b"HTTP/1.1 200 OK\r\n" + head)
-        gevent.sleep(10)
-
-    srv = raw(handler)
-    pool = UpstreamPool("127.0.0.1", srv.port)
-    resp = pool.request("GET", "/", host(srv.port), None, None, connect_timeout=1.0, request_timeout=0.2)
-    it = resp.chunks()
-    assert next(it) == b"hello"
-    with pytest.raises(UpstreamBodyTimeout) as ei:
-        next(it)
-    assert ei.value.timed_out
-    resp.close()
-
-
-# -- reuse rules ---------------------------------------------------------------------------
-
-
-def test_unread_body_then_close_is_not_reused(backend, pool):
-    resp = pool.request("GET", f"/bytes/{4 * MiB}", host(backend.port), None, None, **TIMEOUTS)
-    next(iter(resp.chunks()))
-    resp.close()
-    assert pool.idle_count == 0
-    resp, data = call(pool, "GET", "/bytes/10")
-    assert data == pattern(10)
+def test_idle_connections_are_reused_last_in_first_out(backend: WsgiBackend, pool: UpstreamPool) -> None:
+    first = send(pool, target=b"/bytes/10")
+    second = send(pool, target=b"/bytes/10")  # the first is busy: a second connection
     assert backend.connections == 2
-    assert backend.ports[0] != backend.ports[1]
+    read_to_end(second)
+    read_to_end(first)  # given back last
+    assert pool.idle_count == 2
+    fetch(pool, target=b"/bytes/10")
+    assert backend.ports[2] == backend.ports[0], "the most recently given back connection is reused first"
 
 
-def test_close_without_reading_bodyless_response_keeps_connection(backend, pool):
-    resp = pool.request("GET", "/status/204", host(backend.port), None, None, **TIMEOUTS)
-    resp.close()
-    call(pool, "GET", "/status/204")
-    assert backend.connections == 1
-
-
-def test_stale_idle_connection_is_replaced(raw):
-    """The pod closes every connection after one response (an idle timeout of ~0)."""
-
-    closed = gevent.event.Event()
-
-    def handler(conn, index):
-        read_head(conn)
-        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\n%d" % index)
-        conn.close()
-        closed.set()
-
-    srv = raw(handler)
-    pool = UpstreamPool("127.0.0.1", srv.port)
-    _, data = call(pool, "GET", "/")
-    assert data == b"0"
-    assert pool.idle_count == 1
-    closed.wait(5)  # the FIN is on its way while the connection is idle
-    gevent.sleep(0)
-    _, data = call(pool, "GET", "/")
-    assert data == b"1"
-    pool.close()
-
-
-@pytest.mark.parametrize("how", ["fin", "reset"])
-@pytest.mark.parametrize("body", [None, b"small body"])
-def test_connection_dying_after_request_is_retried_once(raw, body, how):
-    """Reused connection passes the idle check but dies before any response byte."""
-
-    def handler(conn, index):
-        read_head(conn)
-        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\n%d" % index)
-        if index == 0:
-            read_head(conn)  # takes the second request, then goes away without answering
-            if how == "reset":
-                reset(conn)
-            return
-        read_head(conn)
-
-    srv = raw(handler)
-    pool = UpstreamPool("127.0.0.1", srv.port)
-    _, data = call(pool, "GET", "/")
-    assert data == b"0"
-    length = None if body is None else len(body)
-    _, data = call(pool, "POST", "/", None if body is None else io.BytesIO(body), length)
-    assert data == b"1"
-    assert srv.accepted == 2
-    pool.close()
-
-
-def test_streamed_body_is_never_replayed(raw):
-
-    def handler(conn, index):
-        read_head(conn)
-        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\n%d" % index)
-        if index == 0:
-            # Take more than the first write (head + 64 KiB), so the body is being
-            # streamed from the client when the pod goes away.
-            got = b""
-            while len(got) < 100_000:
-                got += conn.recv(65536)
-            reset(conn)
-
-    srv = raw(handler)
-    pool = UpstreamPool("127.0.0.1", srv.port)
-    call(pool, "GET", "/")
-    body = ChunkyReader(pattern(300_000), step=65536)
-    with pytest.raises((UpstreamConnectError, UpstreamTimeout)) as ei:
-        call(pool, "POST", "/", body, 300_000)
-    assert getattr(ei.value, "retriable", False) is False
-    assert srv.accepted == 1  # no second attempt
-    pool.close()
-
-
-def test_max_idle_and_close(backend):
+def test_max_idle_and_close(backend: WsgiBackend) -> None:
     pool = UpstreamPool("127.0.0.1", backend.port, max_idle=2)
-    for ev in backend.acks:
-        ev.set()
+    for ack in backend.acks:
+        ack.set()
     # Three concurrent exchanges need three connections; only two stay idle afterwards.
-    gs = [gevent.spawn(call, pool, "GET", "/slow") for _ in range(3)]
-    gevent.joinall(gs, raise_error=True)
-    assert [g.value[1] for g in gs] == [b"".join(backend.slow_chunks)] * 3
+    exchanges = [gevent.spawn(fetch, pool, target=b"/slow") for _ in range(3)]
+    gevent.joinall(exchanges, raise_error=True)
+    assert [exchange.value[1] for exchange in exchanges] == [b"".join(backend.slow_chunks)] * 3
     assert backend.connections == 3
     assert pool.idle_count == 2
     pool.close()
     assert pool.idle_count == 0
-    resp, data = call(pool, "GET", "/bytes/3")  # still works after close, just not pooled
+    _, data = fetch(pool, target=b"/bytes/3")  # still works after close, just not pooled
     assert data == pattern(3)
     assert pool.idle_count == 0
 
 
-class Zeros:
-    """A file-like body of n zero bytes made on the fly; optionally fails after some reads."""
-
-    def __init__(self, n: int, fail_after: int | None = None) -> None:
-        self.left = n
-        self.reads = 0
-        self.fail_after = fail_after
-
-    def read(self, n: int) -> bytes:
-        self.reads += 1
-        if self.fail_after is not None and self.reads > self.fail_after:
-            raise OSError("client went away")
-        n = min(n, self.left)
-        self.left -= n
-        return bytes(n)
-
-
-def test_pod_that_does_not_read_the_upload_times_out(raw):
-    srv = raw(lambda conn, index: gevent.sleep(10))  # accepts, never reads
-    pool = UpstreamPool("127.0.0.1", srv.port)
-    with pytest.raises(UpstreamTimeout):
-        pool.request("PUT", "/", host(srv.port), Zeros(256 * MiB), 256 * MiB, connect_timeout=1.0, request_timeout=0.2)
-
-
-def test_failing_client_body_is_request_body_error(backend, pool):
-    with pytest.raises(RequestBodyError) as ei:
-        pool.request("POST", "/echo", host(backend.port), Zeros(10 * MiB, fail_after=3), 10 * MiB, **TIMEOUTS)
-    assert isinstance(ei.value.__cause__, OSError)
-    assert pool.idle_count == 0
-    with pytest.raises(RequestBodyError):  # same for a chunked upload
-        pool.request("POST", "/echo", host(backend.port), Zeros(10 * MiB, fail_after=3), None, **TIMEOUTS)
-    assert pool.idle_count == 0
-
-
-def test_head_trickled_in_small_pieces(raw):
-    head = (
-        b"HTTP/1.1 200 Fine Thanks\r\nX-Long-Header-Name: a fairly long value, with commas\r\n"
-        b"Content-Length: 5\r\n\r\nhello"
-    )
-
-    def handler(conn, index):
-        read_head(conn)
-        for i in range(0, len(head), 3):
-            conn.sendall(head[i : i + 3])
-            gevent.sleep(0.001)
-        read_head(conn)
-
-    srv = raw(handler)
-    pool = UpstreamPool("127.0.0.1", srv.port)
-    resp, data = call(pool, "GET", "/")
-    assert resp.reason == "Fine Thanks"
-    assert resp.headers == [("X-Long-Header-Name", "a fairly long value, with commas")]
-    assert (resp.content_length, data) == (5, b"hello")
-    assert pool.idle_count == 1
-    pool.close()
+# -- reuse rules ----------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
     "response, reusable",
     [
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok", True),
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n", True),
         (b"HTTP/1.0 200 OK\r\nConnection: keep-alive\r\nContent-Length: 2\r\n\r\nok", True),
         (b"HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\nok", False),
         (b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n\r\nok", False),
@@ -542,74 +358,838 @@ def test_head_trickled_in_small_pieces(raw):
         (b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok and then some garbage", False),
         (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\ngarbage", False),
     ],
-    ids=["1.0-keep-alive", "1.0", "close", "extra-response", "trailing-garbage", "chunked-trailing-garbage"],
+    ids=[
+        "length",
+        "chunked",
+        "1.0-keep-alive",
+        "1.0",
+        "close",
+        "extra-response",
+        "trailing-garbage",
+        "chunked-trailing-garbage",
+    ],
 )
-def test_reuse_rules(raw, response, reusable):
-    def handler(conn, index):
-        read_head(conn)
-        conn.sendall(response)
-        read_head(conn)
-
-    srv = raw(handler)
-    pool = UpstreamPool("127.0.0.1", srv.port)
-    resp, data = call(pool, "GET", "/")
-    assert (resp.status, resp.reason, data) == (200, "OK", b"ok")
+def test_reuse_rules(raw: RawFactory, response: bytes, reusable: bool) -> None:
+    """A complete answer is the answer whatever follows it; what follows decides only the reuse."""
+    pod, pool = raw(answer_every_request(response))
+    try:
+        answer, data = fetch(pool)
+    except UpstreamBadResponse as error:
+        pytest.fail(f"a complete answer was refused for the bytes after it: {error}")
+    assert (answer.status, answer.reason) == (200, b"OK")
+    assert (data, answer.trailers) == (b"ok", []), "what follows this response is no part of it"
     assert pool.idle_count == (1 if reusable else 0)
-    pool.close()
+    fetch(pool)
+    assert pod.accepted == (1 if reusable else 2)
 
 
-def test_host_name_and_bare_requests(backend):
-    pool = UpstreamPool("localhost", backend.port)  # resolved on connect
-    resp, data = call(pool, "GET", "/bytes/4", headers=[])  # no headers at all is still a valid request
-    assert (resp.status, data) == (200, pattern(4))
-    with pytest.raises(ValueError):
-        pool.request("POST", "/echo", [], None, 10, **TIMEOUTS)
-    pool.close()
+def test_unread_body_then_close_is_not_reused(backend: WsgiBackend, pool: UpstreamPool) -> None:
+    response = send(pool, target=b"/bytes/%d" % (4 * MiB))
+    next(response.body())
+    response.close()
+    assert pool.idle_count == 0
+    _, data = fetch(pool, target=b"/bytes/10")
+    assert data == pattern(10)
+    assert backend.connections == 2
 
 
-# -- the head parser, fed in arbitrary pieces (no sockets) ---------------------------------
-
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
-from activator.upstream import UpstreamResponse
-
-SAMPLE_HEAD = (
-    b"HTTP/1.1 200 All Good\r\nServer: x\r\nX-Empty:\r\nConnection: keep-alive, X-Hop\r\n"
-    b"X-Hop: 1\r\nSet-Cookie: a=1\r\nTransfer-Encoding: chunked\r\nSet-Cookie: b=2\r\n\r\n"
-    b"4\r\nwiki\r\n5\r\npedia\r\n0\r\nX-Trailer: t\r\n\r\n"
-)
+def test_close_without_reading_a_bodyless_response_keeps_the_connection(
+    backend: WsgiBackend, pool: UpstreamPool
+) -> None:
+    send(pool, target=b"/status/204").close()
+    fetch(pool, target=b"/status/204")
+    assert backend.connections == 1
 
 
-def parse(pieces, whole_head):
-    resp = UpstreamResponse(whole_head)
-    resp._method_head = False
-    body = b""
-    for piece in pieces:
-        resp.feed(piece)
-        if resp._pending:
-            body += resp._take_pending()
-    return resp, body
+def test_head_204_304_have_no_body_and_reuse(backend: WsgiBackend, pool: UpstreamPool) -> None:
+    response, data = fetch(pool, "HEAD", b"/bytes/5000")
+    assert (response.status, data, response.content_length) == (200, b"", 5000)
+    for status in (204, 304):
+        response, data = fetch(pool, target=b"/status/%d" % status)
+        assert (response.status, data) == (status, b"")
+    _, data = fetch(pool, target=b"/bytes/10")
+    assert data == pattern(10)
+    assert backend.connections == 1
 
 
-def test_head_in_one_piece():
-    resp, body = parse([SAMPLE_HEAD], True)
-    assert (resp.status, resp.reason) == (200, "All Good")
-    assert resp.headers == [("Server", "x"), ("X-Empty", ""), ("Set-Cookie", "a=1"), ("Set-Cookie", "b=2")]
-    assert (body, resp._complete, resp._keep_alive) == (b"wikipedia", True, True)
+def test_abort_closes_the_pod_connection_whatever_was_read(raw: RawFactory) -> None:
+    handler, received = counting_pod(lambda conn: conn.sendall(OK_EMPTY))
+    _, pool = raw(handler)
+    response = send(pool)
+    assert response.complete
+    response.abort()
+    response.close()  # a no-op now
+    bytes_until_closed(received)
+    assert pool.idle_count == 0
 
 
-@settings(max_examples=300, deadline=None)
-@given(st.lists(st.integers(min_value=1, max_value=len(SAMPLE_HEAD) - 1), max_size=30))
-def test_head_split_anywhere_parses_the_same(cuts):
-    cuts = sorted(set(cuts))
-    pieces = [SAMPLE_HEAD[a:b] for a, b in zip([0, *cuts], [*cuts, len(SAMPLE_HEAD)])]
-    one, one_body = parse([SAMPLE_HEAD], True)
-    resp, body = parse(pieces, False)
-    assert (resp.status, resp.reason, resp.headers, resp.content_length) == (
-        one.status,
-        one.reason,
-        one.headers,
-        one.content_length,
+# -- HEAD ----------------------------------------------------------------------------------------------
+
+
+HEAD_ANSWER = b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n"
+GET_ANSWER = b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nabc"
+
+
+def test_head_answer_completes_at_once_and_the_connection_serves_the_next_request(raw: RawFactory) -> None:
+    pod, pool = raw(answer_every_request(HEAD_ANSWER, GET_ANSWER))
+    response = send(pool, "HEAD")
+    assert response.complete, "a HEAD answer has no body to wait for"
+    assert (response.status, response.content_length, response.framing) == (200, 100, BodyFraming.NONE)
+    assert read_to_end(response) == b""
+    assert pool.idle_count == 1
+    answer, data = fetch(pool)
+    assert (answer.status, answer.content_length, data) == (200, 3, b"abc")
+    assert pod.accepted == 1
+
+
+@pytest.mark.parametrize("when", ["same-write", "later-write"])
+@pytest.mark.parametrize("method", ["HEAD", "GET"])
+def test_bytes_after_the_answer_make_the_connection_not_reusable(raw: RawFactory, method: str, when: str) -> None:
+    """A pod that sends more than its answer (a body after a HEAD head, bytes after a
+    complete body): the connection is not reused, and the next request gets its own answer."""
+    answer = HEAD_ANSWER if method == "HEAD" else b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+    stray = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nstray"  # bytes that even look like an answer
+    answer_read = gevent.event.Event()
+    stray_sent = gevent.event.Event()
+
+    def handler(conn: gsocket.socket, index: int) -> None:
+        requests = RequestReader(conn).requests()
+        if next(requests, None) is None:
+            return
+        if index == 0 and when == "same-write":
+            conn.sendall(answer + stray)
+        elif index == 0:
+            conn.sendall(answer)
+            answer_read.wait(BOUND)
+            conn.sendall(stray)
+            stray_sent.set()
+        else:
+            conn.sendall(GET_ANSWER)
+        for _ in requests:
+            conn.sendall(GET_ANSWER)
+
+    pod, pool = raw(handler)
+    read_to_end(send(pool, method))
+    answer_read.set()
+    if when == "later-write":
+        assert stray_sent.wait(BOUND)
+    try:
+        _, data = fetch(pool)
+    except UpstreamBadResponse as error:
+        pytest.fail(f"the stray bytes of the last answer were read as the next one: {error}")
+    assert data == b"abc", "the next request gets its own answer, not the stray bytes"
+    assert pod.accepted == 2
+
+
+# -- the response head: fidelity, 1xx, trailers, framing -----------------------------------------------------
+
+
+def test_repeated_header_lines_stay_separate_and_in_order(raw: RawFactory) -> None:
+    lines = [
+        (b"Set-Cookie", b"a=1"),
+        (b"Link", b"</a.css>; rel=preload"),
+        (b"X-Empty", b""),
+        (b"Set-Cookie", b"b=2"),
+        (b"Connection", b"keep-alive"),
+        (b"link", b"</b.js>; rel=preload"),
+        (b"Content-Length", b"2"),
+    ]
+    head = b"HTTP/1.1 200 All Good\r\n" + b"".join(b"%s: %s\r\n" % line for line in lines) + b"\r\n"
+    _, pool = raw(answer_every_request(head + b"ok"))
+    response, data = fetch(pool)
+    assert (response.status, response.reason, data) == (200, b"All Good", b"ok")
+    assert response.headers == lines
+    assert response.lower_names == [name.lower() for name, _ in lines]
+    assert response.connection_values == [b"keep-alive"]
+    assert response.content_length == 2
+
+
+def test_head_trickled_in_small_pieces(raw: RawFactory) -> None:
+    answer = (
+        b"HTTP/1.1 200 Fine Thanks\r\nX-Long-Header-Name: a fairly long value, with commas\r\n"
+        b"Content-Length: 5\r\n\r\nhello"
     )
-    assert (body, resp._complete, resp._keep_alive) == (one_body, True, True)
+
+    def handler(conn: gsocket.socket, index: int) -> None:
+        for _ in RequestReader(conn).requests():
+            send_in_pieces(conn, answer, range(3, len(answer), 3))
+
+    pod, pool = raw(handler)
+    for _ in range(2):
+        response, data = fetch(pool)
+        assert response.reason == b"Fine Thanks"
+        assert response.headers[0] == (b"X-Long-Header-Name", b"a fairly long value, with commas")
+        assert (response.content_length, data) == (5, b"hello")
+    assert pod.accepted == 1
+
+
+EARLY_HINTS = b"HTTP/1.1 103 Early Hints\r\nLink: </a.css>; rel=preload\r\nLink: </b.js>; rel=preload\r\n\r\n"
+EARLY_HINTS_SEEN = (103, b"Early Hints", [(b"Link", b"</a.css>; rel=preload"), (b"Link", b"</b.js>; rel=preload")])
+CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+
+
+@pytest.mark.parametrize("method", ["POST", "HEAD"])
+@pytest.mark.parametrize(
+    "interims, seen",
+    [
+        ([EARLY_HINTS], [EARLY_HINTS_SEEN]),
+        ([CONTINUE, EARLY_HINTS, b"HTTP/1.1 102 Processing\r\n\r\n"], [EARLY_HINTS_SEEN, (102, b"Processing", [])]),
+        ([CONTINUE], []),
+    ],
+    ids=["103", "100-103-102", "100-only"],
+)
+@pytest.mark.parametrize("writes", ["one-write", "one-write-each"])
+def test_interim_answers_reach_the_callback_in_order_and_100_is_dropped(
+    raw: RawFactory,
+    method: str,
+    interims: list[bytes],
+    seen: list[Interim],
+    writes: str,
+) -> None:
+    final = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nX-Final: yes\r\n\r\n" + (b"" if method == "HEAD" else b"ok")
+    answer = b"".join(interims) + final
+    cuts = [] if writes == "one-write" else [sum(map(len, interims[: i + 1])) for i in range(len(interims))]
+
+    def handler(conn: gsocket.socket, index: int) -> None:
+        for _ in RequestReader(conn).requests():
+            send_in_pieces(conn, answer, cuts)
+
+    pod, pool = raw(handler)
+    calls, interim = recorded()
+    body = BufferedBody(b"abc") if method == "POST" else None
+    response, data = fetch(pool, method, b"/", body, length=None if body is None else 3, interim=interim)
+    assert calls == seen
+    assert (response.status, response.reason) == (200, b"OK")
+    assert response.headers == [(b"Content-Length", b"2"), (b"X-Final", b"yes")], "no interim line in the final head"
+    assert data == (b"" if method == "HEAD" else b"ok")
+    assert pool.idle_count == 1
+    fetch(pool, method)
+    assert pod.accepted == 1
+
+
+def test_an_interim_answer_during_the_upload_loses_no_body_bytes(raw: RawFactory) -> None:
+    """A pod that says 102 Processing as soon as it has the head, then reads the body."""
+    upload = pattern(8 * MiB + 5)
+    got = gevent.event.AsyncResult()
+
+    def handler(conn: gsocket.socket, index: int) -> None:
+        reader = RequestReader(conn)
+        reader.read_until(lambda request: request.head_done)
+        conn.sendall(b"HTTP/1.1 102 Processing\r\n\r\n")
+        whole = reader.read_until(lambda request: request.complete)
+        got.set(bytes(reader.current.body))
+        if whole:
+            conn.sendall(OK_EMPTY)
+
+    _, pool = raw(handler)
+    calls, interim = recorded()
+    quick = Timeouts(connect=2.0, response_start=2.0)
+    try:
+        response, _ = fetch(
+            pool, "PUT", b"/", BufferedBody(upload), length=len(upload), timeouts=quick, interim=interim
+        )
+    except UpstreamTimeout:  # the pod still waits for the rest of its body
+        arrived = got.get(timeout=BOUND)
+        pytest.fail(f"the pod got {len(arrived)} of the {len(upload)} body bytes: bytes were lost after its 102")
+    assert got.get(timeout=BOUND) == upload
+    assert response.status == 200
+    assert calls == [(102, b"Processing", [])]
+
+
+@pytest.mark.parametrize("writes", ["one-write", "trailers-later"])
+def test_trailers_of_a_chunked_response_are_kept_after_the_body(raw: RawFactory, writes: str) -> None:
+    head_and_body = (
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTrailer: X-Checksum\r\n\r\n4\r\nwiki\r\n5\r\npedia\r\n"
+    )
+    end = b"0\r\nX-Checksum: abc\r\nX-Second: 2\r\n\r\n"
+    cuts = [] if writes == "one-write" else [len(head_and_body)]
+
+    def handler(conn: gsocket.socket, index: int) -> None:
+        for _ in RequestReader(conn).requests():
+            send_in_pieces(conn, head_and_body + end, cuts)
+
+    _, pool = raw(handler)
+    response, data = fetch(pool)
+    assert (response.framing, data) == (BodyFraming.CHUNKED, b"wikipedia")
+    assert response.trailers == [(b"X-Checksum", b"abc"), (b"X-Second", b"2")]
+    assert response.headers == [(b"Transfer-Encoding", b"chunked"), (b"Trailer", b"X-Checksum")]
+    assert pool.idle_count == 1
+
+
+@pytest.mark.parametrize("coding", [b"gzip", b"chunked, gzip"])
+def test_transfer_coding_other_than_chunked_is_a_bad_response(raw: RawFactory, coding: bytes) -> None:
+    _, pool = raw(answer_every_request(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: %s\r\n\r\nabc" % coding))
+    with pytest.raises(UpstreamBadResponse):
+        send(pool)
+    assert pool.idle_count == 0
+
+
+def test_gzip_then_chunked_is_chunked(raw: RawFactory) -> None:
+    _, pool = raw(
+        answer_every_request(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n")
+    )
+    response, data = fetch(pool)
+    assert (response.framing, data) == (BodyFraming.CHUNKED, b"abc")
+
+
+@pytest.mark.parametrize("version", [b"1.1", b"1.0"])
+def test_response_delimited_by_close_streams_until_eof_and_is_not_pooled(raw: RawFactory, version: bytes) -> None:
+    first_piece_read = gevent.event.Event()
+
+    def handler(conn: gsocket.socket, index: int) -> None:
+        read_head(conn)
+        conn.sendall(b"HTTP/%s 200 OK\r\nX-A: 1\r\n\r\nfirst piece" % version)
+        first_piece_read.wait(BOUND)
+        conn.sendall(b"second piece")
+
+    pod, pool = raw(handler)
+    for _ in range(2):
+        first_piece_read.clear()
+        response = send(pool)
+        assert (response.status, response.framing, response.content_length) == (200, BodyFraming.CLOSE, None)
+        pieces = []
+        for piece in response.body():
+            pieces.append(piece)
+            first_piece_read.set()
+        response.close()
+        assert pieces == [b"first piece", b"second piece"], "each piece as the pod sent it, none held back"
+        assert pool.idle_count == 0
+    assert pod.accepted == 2
+
+
+def test_a_101_hands_over_the_socket_with_the_bytes_after_its_head(raw: RawFactory) -> None:
+    def handler(conn: gsocket.socket, index: int) -> None:
+        read_head(conn)
+        conn.sendall(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: echo\r\nConnection: Upgrade\r\n\r\nhello")
+        while data := conn.recv(65536):
+            conn.sendall(data.upper())
+
+    _, pool = raw(handler)
+    response = send(pool, header_block=host_line(pool.port) + b"Upgrade: echo\r\nConnection: Upgrade\r\n")
+    assert (response.status, response.upgraded, response.tunnel_data) == (101, True, b"hello")
+    tunnel = response.detach()
+    try:
+        tunnel.sendall(b"spliced")
+        assert tunnel.recv(100) == b"SPLICED"
+    finally:
+        tunnel.close()
+    assert pool.idle_count == 0
+
+
+SPLIT_HEAD_START = EARLY_HINTS + b"HTTP/1.1 200 All Good\r\nServer: x\r\nX-Empty:\r\nSet-Cookie: a=1\r\n"
+RESPONSE_TO_SPLIT = {
+    "GET": SPLIT_HEAD_START + b"Transfer-Encoding: chunked\r\nSet-Cookie: b=2\r\n\r\n"
+    b"4\r\nwiki\r\n5\r\npedia\r\n0\r\nX-Trailer: t\r\n\r\n",
+    "HEAD": SPLIT_HEAD_START + b"Content-Length: 100\r\n\r\n",
+}
+
+
+@pytest.mark.parametrize("method", ["GET", "HEAD"])
+def test_a_response_cut_anywhere_reads_the_same(raw: RawFactory, method: str) -> None:
+    """The response (a 103, then the final head, body and trailers) cut at random points,
+    each piece in its own write, on one kept-alive connection."""
+    whole = RESPONSE_TO_SPLIT[method]
+    cuts_now: list[int] = []
+
+    def handler(conn: gsocket.socket, index: int) -> None:
+        for _ in RequestReader(conn).requests():
+            send_in_pieces(conn, whole, cuts_now)
+
+    pod, pool = raw(handler)
+
+    @settings(max_examples=25, deadline=None)
+    @given(st.lists(st.integers(min_value=1, max_value=len(whole) - 1), max_size=12))
+    def check(cuts: list[int]) -> None:
+        cuts_now[:] = cuts
+        calls, interim = recorded()
+        response, data = fetch(pool, method, interim=interim)
+        assert calls == [EARLY_HINTS_SEEN]
+        assert (response.status, response.reason) == (200, b"All Good")
+        assert response.headers[:3] == [(b"Server", b"x"), (b"X-Empty", b""), (b"Set-Cookie", b"a=1")]
+        if method == "GET":
+            assert response.headers[3:] == [(b"Transfer-Encoding", b"chunked"), (b"Set-Cookie", b"b=2")]
+            assert (data, response.trailers) == (b"wikipedia", [(b"X-Trailer", b"t")])
+        else:
+            assert (data, response.content_length) == (b"", 100)
+        assert pool.idle_count == 1
+
+    check()
+    assert pod.accepted == 1
+
+
+# -- streaming -------------------------------------------------------------------------------------
+
+
+def test_download_4mib_is_streamed_in_pieces(backend: WsgiBackend, pool: UpstreamPool) -> None:
+    size = 4 * MiB + 3
+    response = send(pool, target=b"/bytes/%d" % size)
+    assert response.content_length == size
+    digest = hashlib.sha256()
+    pieces = 0
+    for piece in response.body():
+        assert len(piece) <= BLOCK_SIZE
+        digest.update(piece)
+        pieces += 1
+    response.close()
+    assert digest.hexdigest() == hashlib.sha256(pattern(size)).hexdigest()
+    assert pieces > 1
+    assert pool.idle_count == 1  # fully read: back in the pool
+
+
+def test_slow_chunked_response_is_streamed_chunk_by_chunk(backend: WsgiBackend, pool: UpstreamPool) -> None:
+    response = send(pool, target=b"/slow")
+    assert (response.framing, response.content_length) == (BodyFraming.CHUNKED, None)
+    got = []
+    for piece in response.body():
+        got.append(piece)
+        backend.log.append(("got", len(got) - 1))
+        backend.acks[len(got) - 1].set()
+    response.close()
+    assert got == backend.slow_chunks  # one piece per chunk, nothing merged or held back
+    # The first chunk reached us before the backend sent the last one.
+    assert backend.log.index(("got", 0)) < backend.log.index(("sent", 4))
+    assert pool.idle_count == 1
+
+
+@pytest.mark.parametrize("source", ["buffered", "socket"])
+@pytest.mark.parametrize("framing", [BodyFraming.LENGTH, BodyFraming.CHUNKED])
+def test_upload_arrives_whole(
+    backend: WsgiBackend, pool: UpstreamPool, socket_body: SocketBody, framing: BodyFraming, source: str
+) -> None:
+    upload = pattern(3 * MiB + 12345)
+    body: RequestBody
+    if source == "buffered":
+        body = BufferedBody(upload, step=70_000)
+    else:
+        body = socket_body
+        socket_body.send_all_then_end(upload)
+    length = len(upload) if framing is BodyFraming.LENGTH else None
+    _, answer = fetch(pool, "PUT", b"/echo", body, length=length)
+    info = json.loads(answer)
+    assert info["sha256"] == hashlib.sha256(upload).hexdigest()
+    assert info["length"] == len(upload)
+    assert info["method"] == "PUT"
+    assert info["host"] == f"127.0.0.1:{backend.port}"
+    if framing is BodyFraming.LENGTH:
+        assert (info["content_length"], info["transfer_encoding"]) == (str(len(upload)), None)
+    else:
+        assert info["transfer_encoding"] == "chunked"
+
+
+@pytest.mark.parametrize("framing", [BodyFraming.LENGTH, BodyFraming.CHUNKED])
+def test_upload_is_streamed_as_the_client_sends_it(
+    raw: RawFactory, socket_body: SocketBody, framing: BodyFraming
+) -> None:
+    first, second = b"a" * 1000, b"b" * 2000
+    first_arrived = gevent.event.Event()
+    got = gevent.event.AsyncResult()
+
+    def handler(conn: gsocket.socket, index: int) -> None:
+        reader = RequestReader(conn)
+        reader.read_until(lambda request: len(request.body) >= len(first))
+        first_arrived.set()
+        reader.read_until(lambda request: request.complete)
+        got.set(bytes(reader.current.body))
+        conn.sendall(OK_EMPTY)
+
+    _, pool = raw(handler)
+    length = len(first) + len(second) if framing is BodyFraming.LENGTH else None
+    exchange = gevent.spawn(fetch, pool, "POST", b"/", socket_body, length=length)
+    socket_body.client.sendall(first)
+    assert first_arrived.wait(BOUND), "the pod got the first piece while the client still held the rest"
+    socket_body.send_all_then_end(second).join(BOUND)
+    response, _ = exchange.get(timeout=BOUND)
+    assert got.get(timeout=BOUND) == first + second
+    assert response.status == 200
+
+
+def test_empty_bodies(backend: WsgiBackend, pool: UpstreamPool) -> None:
+    _, answer = fetch(pool, "POST", b"/echo", BufferedBody(b""), length=0)
+    assert json.loads(answer)["content_length"] == "0"
+    _, answer = fetch(pool, "POST", b"/echo", BufferedBody(b""))  # chunked, no chunk but the last
+    info = json.loads(answer)
+    assert (info["length"], info["transfer_encoding"]) == (0, "chunked")
+    assert backend.connections == 1
+
+
+@pytest.mark.parametrize(
+    "framing, framing_line, trailers",
+    [
+        (BodyFraming.LENGTH, (b"Content-Length", b"7"), []),
+        (BodyFraming.CHUNKED, (b"Transfer-Encoding", b"chunked"), []),
+        (BodyFraming.CHUNKED, (b"Transfer-Encoding", b"chunked"), [(b"X-Sum", b"1"), (b"X-Sum", b"2")]),
+    ],
+    ids=["length", "chunked", "chunked-trailers"],
+)
+def test_request_goes_out_as_given_plus_its_framing_line(
+    raw: RawFactory,
+    framing: BodyFraming,
+    framing_line: Header,
+    trailers: list[Header],
+) -> None:
+    requests = []
+
+    def handler(conn: gsocket.socket, index: int) -> None:
+        for request in RequestReader(conn).requests():
+            requests.append(request)
+            conn.sendall(OK_EMPTY)
+
+    _, pool = raw(handler)
+    block = b"Host: pod.example\r\nX-A: 1\r\nx-a: 2\r\n"
+    length = 7 if framing is BodyFraming.LENGTH else None
+    body = BufferedBody(b"payload", step=3, trailers=trailers)
+    fetch(pool, "PATCH", b"/a/b?c=d", body, length=length, header_block=block)
+    [request] = requests
+    assert (request.method, request.target) == (b"PATCH", b"/a/b?c=d")
+    assert request.headers == [(b"Host", b"pod.example"), (b"X-A", b"1"), (b"x-a", b"2"), framing_line]
+    assert (bytes(request.body), request.trailers) == (b"payload", trailers)
+
+
+# -- early answers ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("framing", [BodyFraming.LENGTH, BodyFraming.CHUNKED])
+@pytest.mark.parametrize("then", ["closes", "discards"])
+def test_an_early_answer_stops_the_upload(raw: RawFactory, then: str, framing: BodyFraming) -> None:
+    """The pod answers 413 right after the head of a large upload, then closes (or keeps
+    reading and discarding, the connection kept alive): the 413 is the answer."""
+    close_line = b"Connection: close\r\n" if then == "closes" else b""
+    answer = b"HTTP/1.1 413 Payload Too Large\r\n%sContent-Length: 9\r\n\r\ntoo large" % close_line
+    received = gevent.event.AsyncResult()
+
+    def handler(conn: gsocket.socket, index: int) -> None:
+        reader = RequestReader(conn)
+        reader.read_until(lambda request: request.head_done)
+        conn.sendall(answer)
+        received.set(reader.received + (drain(conn) if then == "discards" else 0))
+
+    pod, pool = raw(handler)
+    length = len(LARGE) if framing is BodyFraming.LENGTH else None
+    response = send(pool, "POST", b"/", BufferedBody(LARGE), length=length)
+    assert (response.status, response.early) == (413, True)
+    assert read_to_end(response) == b"too large"
+    assert pool.idle_count == 0, "a request not sent whole leaves its connection out of the pool"
+    assert bytes_until_closed(received) < len(LARGE), "the rest of the body was not sent"
+    fetch(pool)
+    assert pod.accepted == 2
+
+
+# -- a pod that fails ---------------------------------------------------------------------------------
+
+
+def test_connection_refused_may_go_to_another_pod() -> None:
+    sock = listener()
+    port = sock.getsockname()[1]
+    sock.close()  # nothing listens there now
+    body = BufferedBody(b"abc")
+    with pytest.raises(UpstreamConnectError) as caught:
+        send(UpstreamPool("127.0.0.1", port), "POST", b"/", body, length=3)
+    assert (caught.value.kind, caught.value.status) == (FailureKind.CONNECT, 502)
+    assert (caught.value.connected, caught.value.body_read) == (False, False)
+    assert body.reads == 0
+    assert may_go_elsewhere(caught.value)
+
+
+def test_no_response_head_within_response_start_is_a_timeout(raw: RawFactory) -> None:
+    handler, _ = counting_pod()  # reads, never answers
+    _, pool = raw(handler)
+    with pytest.raises(UpstreamTimeout) as caught:
+        send(pool, timeouts=Timeouts(connect=2.0, response_start=0.3))
+    assert caught.value.status == 504
+    assert pool.idle_count == 0
+
+
+def test_connect_timeout_is_a_connect_error_that_may_go_elsewhere() -> None:
+    sock = listener(backlog=0)  # never accepts
+    port = sock.getsockname()[1]
+    queued = gsocket.create_connection(("127.0.0.1", port), timeout=BOUND)  # the queue is full now
+    try:
+        with pytest.raises(UpstreamConnectError) as caught:
+            send(UpstreamPool("127.0.0.1", port), timeouts=Timeouts(connect=0.3, response_start=5.0))
+        assert (caught.value.connected, caught.value.body_read) == (False, False)
+        assert may_go_elsewhere(caught.value)
+    finally:
+        queued.close()
+        sock.close()
+
+
+def test_never_accepted_is_a_timeout_too(raw: RawFactory) -> None:
+    _, pool = raw(None, accept=False)  # the kernel completes the handshake from the backlog
+    with pytest.raises(UpstreamTimeout):
+        send(pool, timeouts=Timeouts(connect=2.0, response_start=0.3))
+
+
+def test_pod_that_does_not_read_the_upload_times_out(raw: RawFactory) -> None:
+    stop = gevent.event.Event()
+    _, pool = raw(lambda conn, index: stop.wait(BOUND * 2))  # accepts, never reads
+    try:
+        with pytest.raises(UpstreamTimeout):
+            send(pool, "PUT", b"/", BufferedBody(LARGE), length=len(LARGE), timeouts=Timeouts(2.0, 0.3))
+    finally:
+        stop.set()
+
+
+def test_garbage_response_is_a_bad_response(raw: RawFactory) -> None:
+    _, pool = raw(answer_every_request(b"SSH-2.0-OpenSSH_9.2\r\n\r\n"))
+    with pytest.raises(UpstreamBadResponse) as caught:
+        send(pool)
+    assert isinstance(caught.value, UpstreamConnectError)
+    assert (caught.value.status, caught.value.reason) == (502, "upstream-bad-response")
+    assert not may_go_elsewhere(caught.value)
+
+
+@pytest.mark.parametrize("sent", [b"", b"HTTP/1.1 200 OK\r\nContent-Le"], ids=["nothing", "half-a-head"])
+@pytest.mark.parametrize("how", ["fin", "reset"])
+def test_a_pod_gone_before_a_whole_head_is_a_connect_error_not_sent_elsewhere(
+    raw: RawFactory, sent: bytes, how: str
+) -> None:
+    def handler(conn: gsocket.socket, index: int) -> None:
+        read_head(conn)
+        conn.sendall(sent)
+        if how == "reset":
+            reset(conn)
+
+    _, pool = raw(handler)
+    with pytest.raises(UpstreamConnectError) as caught:
+        send(pool)
+    assert type(caught.value) is UpstreamConnectError
+    assert caught.value.connected
+    assert not may_go_elsewhere(caught.value)  # the request had been sent
+
+
+@pytest.mark.parametrize("how", ["reset", "fin"])
+@pytest.mark.parametrize(
+    "head, rest",
+    [
+        (b"Content-Length: 1000000\r\n\r\n" + b"x" * 1000, b""),
+        (b"Transfer-Encoding: chunked\r\n\r\n3e8\r\n" + b"x" * 1000 + b"\r\n", b""),
+        (b"Transfer-Encoding: chunked\r\n\r\n3e8\r\n" + b"x" * 1000 + b"\r\n", b"zz\r\nnot hex\r\n"),
+    ],
+    ids=["length", "chunked", "bad-chunk"],
+)
+def test_a_broken_body_is_a_body_error(raw: RawFactory, head: bytes, rest: bytes, how: str) -> None:
+    first_piece_read = gevent.event.Event()
+
+    def handler(conn: gsocket.socket, index: int) -> None:
+        read_head(conn)
+        conn.sendall(b"HTTP/1.1 200 OK\r\n" + head)
+        first_piece_read.wait(BOUND)
+        conn.sendall(rest)
+        if how == "reset":
+            reset(conn)
+
+    _, pool = raw(handler)
+    response = send(pool)
+    pieces = response.body()
+    assert next(pieces) == b"x" * 1000
+    first_piece_read.set()
+    with pytest.raises(UpstreamBodyError) as caught:
+        next(pieces)
+    assert (type(caught.value), caught.value.kind) == (UpstreamBodyError, FailureKind.RESET)
+    response.close()
+    assert pool.idle_count == 0
+
+
+# -- the deadlines of a response body ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "head",
+    [b"Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n", b"Content-Length: 100\r\n\r\nhello"],
+    ids=["chunked", "length"],
+)
+def test_a_pod_silent_mid_body_is_idle(raw: RawFactory, head: bytes) -> None:
+    handler, _ = counting_pod(lambda conn: conn.sendall(b"HTTP/1.1 200 OK\r\n" + head))
+    _, pool = raw(handler)
+    response = send(pool, timeouts=Timeouts(connect=2.0, response_start=5.0, idle=0.3))
+    pieces = response.body()
+    assert next(pieces) == b"hello"
+    with pytest.raises(UpstreamIdle) as caught:
+        next(pieces)
+    assert caught.value.kind is FailureKind.TIMEOUT
+    assert pool.idle_count == 0
+
+
+@pytest.mark.parametrize("idle", [None, 5.0])
+def test_a_pod_trickling_past_the_total_time_is_a_body_timeout(raw: RawFactory, idle: float | None) -> None:
+    def handler(conn: gsocket.socket, index: int) -> None:
+        read_head(conn)
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 1000000\r\n\r\n")
+        while True:  # until the client goes (the send fails)
+            conn.sendall(b"x")
+            gevent.sleep(0.02)
+
+    _, pool = raw(handler)
+    response = send(pool, timeouts=Timeouts(connect=2.0, response_start=5.0, idle=idle, total=0.5))
+    with pytest.raises(UpstreamBodyTimeout):
+        for _ in response.body():
+            pass
+    assert pool.idle_count == 0
+
+
+# -- stale kept-alive connections and the retry rule ------------------------------------------------
+
+
+def answered_then(after_answer: Callable[[gsocket.socket, int], None]) -> Handler:
+    """Connection 0 answers its first request, then, once it has its second one, does
+    ``after_answer(conn, index)``. Every request is answered with its connection's index."""
+
+    def handler(conn: gsocket.socket, index: int) -> None:
+        requests = RequestReader(conn).requests()
+        for number, _ in enumerate(requests):
+            if index == 0 and number == 1:
+                after_answer(conn, index)
+                return
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\n%d" % index)
+
+    return handler
+
+
+@pytest.mark.parametrize("body", [None, b"x" * 100_000], ids=["replayable", "streamed"])
+def test_an_idle_connection_the_pod_closed_is_replaced(raw: RawFactory, body: bytes | None) -> None:
+    """The pod closes every connection after one answer (an idle timeout of ~0)."""
+    closed = gevent.event.Event()
+
+    def handler(conn: gsocket.socket, index: int) -> None:
+        if RequestReader(conn).next_request() is not None:
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\n%d" % index)
+        conn.close()
+        closed.set()
+
+    pod, pool = raw(handler)
+    _, data = fetch(pool)
+    assert (data, pool.idle_count) == (b"0", 1)
+    assert closed.wait(BOUND)  # the FIN is on its way while the connection is idle
+    gevent.sleep(0)
+    length = None if body is None else len(body)
+    _, data = fetch(pool, "POST", b"/", None if body is None else BufferedBody(body), length=length)
+    assert data == b"1"
+    assert pod.accepted == 2
+
+
+@pytest.mark.parametrize("how", ["fin", "reset"])
+@pytest.mark.parametrize("body", [None, b"small body"], ids=["no-body", "small-body"])
+def test_a_kept_alive_connection_dying_before_the_answer_is_retried_once(
+    raw: RawFactory, body: bytes | None, how: str
+) -> None:
+    """The reused connection passes for alive but dies once it has the request."""
+    pod, pool = raw(answered_then(lambda conn, index: reset(conn) if how == "reset" else None))
+    assert fetch(pool)[1] == b"0"
+    length = None if body is None else len(body)
+    _, data = fetch(pool, "POST", b"/", None if body is None else BufferedBody(body), length=length)
+    assert data == b"1"
+    assert pod.accepted == 2
+
+
+def test_the_retry_is_not_retried(raw: RawFactory) -> None:
+    """Every connection after the first takes its request and closes unanswered."""
+
+    def handler(conn: gsocket.socket, index: int) -> None:
+        for number, _ in enumerate(RequestReader(conn).requests()):
+            if index > 0 or number > 0:
+                return
+            conn.sendall(OK_EMPTY)
+
+    pod, pool = raw(handler)
+    fetch(pool)
+    with pytest.raises(UpstreamConnectError) as caught:
+        send(pool)
+    assert not may_go_elsewhere(caught.value)
+    assert pod.accepted == 2, "one fresh connection for the retry, no more"
+
+
+@pytest.mark.parametrize("body", [None, b"small body"], ids=["no-body", "small-body"])
+def test_a_refused_retry_may_go_elsewhere_only_if_no_body_was_consumed(raw: RawFactory, body: bytes | None) -> None:
+    """The reused connection dies with the request, and the pod stopped listening: the
+    retry's connect is refused. The proxy may try another pod only if it still has the
+    whole body to send there, i.e. if none was read from the client."""
+    servers: list[RawBackend] = []
+
+    def stop_listening_and_close(conn: gsocket.socket, index: int) -> None:
+        servers[0].stop_listening()
+
+    pod, pool = raw(answered_then(stop_listening_and_close))
+    servers.append(pod)
+    fetch(pool)
+    source = None if body is None else BufferedBody(body)
+    with pytest.raises(UpstreamConnectError) as caught:
+        send(pool, "POST", b"/", source, length=None if body is None else len(body))
+    consumed = source is not None and source.reads > 0
+    assert caught.value.body_read is consumed
+    assert may_go_elsewhere(caught.value) is not consumed
+
+
+def test_a_streamed_body_is_never_replayed(raw: RawFactory) -> None:
+    def handler(conn: gsocket.socket, index: int) -> None:
+        reader = RequestReader(conn)
+        if reader.next_request() is not None:
+            conn.sendall(OK_EMPTY)
+            # More than the first write (head + 64 KiB): the body is streaming when the pod goes.
+            reader.read_until(lambda request: len(request.body) > 100_000)
+            reset(conn)
+
+    pod, pool = raw(handler)
+    fetch(pool)
+    with pytest.raises(UpstreamConnectError) as caught:
+        fetch(pool, "POST", b"/", BufferedBody(pattern(300_000)), length=300_000)
+    assert not may_go_elsewhere(caught.value)
+    assert pod.accepted == 1, "no second attempt"
+
+
+# -- pods with Nagle's algorithm ------------------------------------------------------------------
+
+
+def test_a_pod_writing_head_and_body_apart_without_nodelay_serves_a_pooled_connection(raw: RawFactory) -> None:
+    def handler(conn: gsocket.socket, index: int) -> None:
+        for number, _ in enumerate(RequestReader(conn).requests()):
+            body = b"answer %d" % number
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body))
+            conn.sendall(body)
+
+    pod, pool = raw(handler, nodelay=False)
+    for number in range(5):
+        _, data = fetch(pool)
+        assert data == b"answer %d" % number
+    assert pod.accepted == 1
+    assert pool.idle_count == 1
+
+
+# -- the client's body fails or stalls --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("length", [10 * MiB, None], ids=["length", "chunked"])
+def test_a_client_body_error_propagates_and_closes_the_pod_connection(raw: RawFactory, length: int | None) -> None:
+    handler, received = counting_pod()
+    _, pool = raw(handler)
+    with pytest.raises(ClientGone):
+        send(pool, "POST", b"/", BufferedBody(bytes(10 * MiB), fail_after=3), length=length)
+    assert bytes_until_closed(received) < 10 * MiB
+    assert pool.idle_count == 0
+
+
+def test_a_body_known_broken_reaches_no_pod(raw: RawFactory) -> None:
+    handler, received = counting_pod()
+    _, pool = raw(handler)
+    with pytest.raises(ClientBodyError):
+        send(pool, "POST", b"/", BufferedBody(b"abc", known_error=ClientBodyError("bad chunk")))
+    assert bytes_until_closed(received) == 0
+    assert pool.idle_count == 0
+
+
+def test_a_body_ending_before_its_content_length_closes_the_pod_connection(raw: RawFactory) -> None:
+    handler, received = counting_pod()
+    _, pool = raw(handler)
+    with pytest.raises(ClientBodyError):
+        send(pool, "POST", b"/", BufferedBody(b"x" * 100_000), length=200_000)
+    assert bytes_until_closed(received) < 200_000
+    assert pool.idle_count == 0
+
+
+def test_a_client_body_that_stalls_is_a_client_timeout(raw: RawFactory, socket_body: SocketBody) -> None:
+    handler, received = counting_pod()
+    _, pool = raw(handler)
+    socket_body.client.sendall(b"x" * 1000)  # then nothing
+    with pytest.raises(ClientTimeout):
+        send(pool, "POST", b"/", socket_body, length=100_000, timeouts=Timeouts(2.0, 5.0, client=0.3))
+    assert bytes_until_closed(received) > 1000
+    assert pool.idle_count == 0
