@@ -58,6 +58,7 @@ Retry rule
 
 from __future__ import annotations
 
+import ipaddress
 import select
 import socket
 import time
@@ -173,6 +174,14 @@ def _connect_error(
     return cls(message, connected=connected, body_read=body_read)
 
 
+def _address_family(host: str) -> int | None:
+    """AF_INET / AF_INET6 for an IP address, None for a name."""
+    try:
+        return socket.AF_INET6 if ipaddress.ip_address(host).version == 6 else socket.AF_INET
+    except ValueError:
+        return None
+
+
 def _timeout_error(message: str) -> UpstreamTimeout:
     return UpstreamTimeout(message)
 
@@ -187,7 +196,7 @@ def _readable_or_closed(fd: int) -> bool:
 class UpstreamPool:
     """Keep-alive connections to one pod (``host:port``); see the module docstring."""
 
-    __slots__ = ("host", "port", "max_idle", "where", "_idle", "_closed", "_address")
+    __slots__ = ("_address", "_closed", "_family", "_idle", "host", "max_idle", "port", "where")
 
     def __init__(self, host: str, port: int, *, max_idle: int = 64) -> None:
         self.host = host
@@ -199,6 +208,7 @@ class UpstreamPool:
         self._idle: list[PodConnection] = []
         self._closed = False
         self._address = (host, port)
+        self._family = _address_family(host)
 
     def __repr__(self) -> str:
         return f"<UpstreamPool {self.where} idle={len(self._idle)}{' closed' if self._closed else ''}>"
@@ -216,7 +226,16 @@ class UpstreamPool:
 
     def _connect(self, timeout: float) -> PodConnection:
         try:
-            sock = gsocket.create_connection(self._address, timeout=timeout)
+            if self._family is None:  # a name: resolved at each connect (in gevent's resolver)
+                sock = gsocket.create_connection(self._address, timeout=timeout)
+            else:  # an address: no resolver round trip (a thread hop in gevent)
+                sock = gsocket.socket(self._family, socket.SOCK_STREAM)
+                try:
+                    sock.settimeout(timeout)
+                    sock.connect(self._address)
+                except BaseException:
+                    sock.close()
+                    raise
             sock.setsockopt(_IPPROTO_TCP, _TCP_NODELAY, 1)
             sock.settimeout(None)  # from now on, deadlines (see ``deadlines``)
         except OSError as error:  # refused, unreachable, timeout, name resolution

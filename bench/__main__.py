@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
             c.log(f"=== {name} (load average {load_before})")
             try:
                 result = _module(name).run(ctx)
-            except Exception as exc:  # noqa: BLE001 (one scenario's crash must not lose the others)
+            except Exception as exc:  # one scenario's crash must not lose the others
                 failed = True
                 traceback.print_exc()
                 result = Section(name, f"{name}: failed", error=f"{type(exc).__name__}: {exc}")

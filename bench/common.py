@@ -1,9 +1,11 @@
-"""Shared machinery of the benchmarks: tools, ports, processes, configs, load, numbers.
+"""What the benchmarks add to the test harness: tools, pinning, configs, load, numbers.
 
-Nothing here is specific to one scenario. Every server is started by the bench on
-127.0.0.1 (free ports picked by binding port 0), in its own process group, with its
-output in ``bench/out/work/<scenario>/``; ``Procs.stop_all`` ends exactly the
-processes the bench started (SIGTERM to their group, SIGKILL after a grace).
+The processes, ports and waits are ``tests/harness.py``'s, the same as the end-to-end
+tests use (``bench/__init__.py`` puts ``tests/`` on ``sys.path``): every server is a
+:class:`harness.Process` started by the bench on 127.0.0.1 (free ports picked by binding
+port 0), in its own process group (killed if the bench dies), with its output in
+``bench/out/work*/<scenario>/``; ``Procs.stop_all`` ends exactly the processes the bench
+started (SIGTERM, then SIGKILL to the whole group after a grace period).
 
 Pinning (``taskset``, only with >= 2 CPUs): the process under test (activator,
 HAProxy, the Falcon hello app, the minimal forwarder) on cpu1; nginx, the backend pods,
@@ -22,32 +24,26 @@ import math
 import os
 import re
 import resource
-import shlex
 import shutil
-import signal
-import socket
 import statistics
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Self
 
+import harness
+
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
 OUT = BENCH / "out"
 PYTHON = sys.executable
-BACKEND = ROOT / "tests" / "backend.py"
+LOCALHOST = harness.LOCALHOST
 #: The previous engine's commit: the last one before the HTTP engine work (``--baseline``).
 BASELINE_COMMIT = "26dbad7"
-
-# urllib without any proxy from the environment: everything here is loopback.
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 # ---------------------------------------------------------------------------------------
@@ -222,84 +218,7 @@ def pin_text(ctx: Ctx) -> str:
 
 
 # ---------------------------------------------------------------------------------------
-# ports and HTTP
-
-
-def free_port(kind: int = socket.SOCK_STREAM) -> int:
-    with socket.socket(socket.AF_INET, kind) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def http_get(url: str, timeout: float = 2.0, host: str | None = None, method: str = "GET") -> tuple[int, bytes]:
-    req = urllib.request.Request(url, method=method)
-    if host:
-        req.add_header("Host", host)
-    try:
-        with _OPENER.open(req, timeout=timeout) as r:
-            return r.status, r.read()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read()
-
-
-def http_json(url: str, timeout: float = 5.0, method: str = "GET") -> Any:
-    status, body = http_get(url, timeout, method=method)
-    if status != 200:
-        raise RuntimeError(f"{url}: HTTP {status}")
-    return json.loads(body)
-
-
-def wait_http(
-    url: str,
-    timeout: float = 20.0,
-    proc: subprocess.Popen | None = None,
-    ok: Iterable[int] = (200,),
-    host: str | None = None,
-) -> None:
-    deadline = time.monotonic() + timeout
-    last: object = None
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"process exited with {proc.returncode} before {url} answered")
-        try:
-            status, _ = http_get(url, 1.0, host=host)
-            if status in ok:
-                return
-            last = status
-        except OSError as e:
-            last = e
-        time.sleep(0.05)
-    raise RuntimeError(f"{url} not ready after {timeout}s (last: {last})")
-
-
-# ---------------------------------------------------------------------------------------
-# processes
-
-
-@dataclass
-class Proc:
-    name: str
-    popen: subprocess.Popen
-    stdout: Path
-    stderr: Path
-
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
-
-    def rss_kb(self, include_children: bool = False) -> int:
-        pids = [self.pid] + (children_of(self.pid) if include_children else [])
-        return sum(rss_kb(p) for p in pids)
-
-
-def rss_kb(pid: int) -> int:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
+# processes: the harness's, per scenario; their CPU time
 
 
 _CLK = os.sysconf("SC_CLK_TCK")
@@ -342,15 +261,13 @@ def children_of(pid: int) -> list[int]:
 
 
 class Procs:
-    """The processes one scenario started; stop_all ends them (and only them)."""
+    """The processes one scenario started (:class:`harness.Process`), their output in
+    ``bench/out/work*/<scenario>/``; ``stop_all`` ends them (and only them)."""
 
     def __init__(self, ctx: Ctx, scenario: str) -> None:
         self.ctx = ctx
         self.dir = ctx.dir(scenario)
-        self.procs: list[Proc] = []
-
-    def alive(self, proc: Proc) -> bool:
-        return proc.popen.poll() is None
+        self.procs: list[harness.Process] = []
 
     def start(
         self,
@@ -358,55 +275,38 @@ class Procs:
         cmd: Sequence[str],
         role: str | None = None,
         env: dict[str, str] | None = None,
-        stdout_to: Path | None = None,
         cwd: Path = ROOT,
-    ) -> Proc:
-        prefix = pin(self.ctx, role) if role else []
-        out = stdout_to or self.dir / f"{name}.out"
-        err = self.dir / f"{name}.err"
-        full_env = dict(os.environ)
-        full_env.pop("NOTIFY_SOCKET", None)
-        if env:
-            full_env.update(env)
-        with open(out, "wb") as fout, open(err, "wb") as ferr:
-            popen = subprocess.Popen(
-                [*prefix, *cmd],
-                stdout=fout,
-                stderr=ferr,
-                stdin=subprocess.DEVNULL,
-                env=full_env,
-                cwd=str(cwd),
-                start_new_session=True,
-            )
-        proc = Proc(name, popen, out, err)
+    ) -> harness.Process:
+        """``cmd`` pinned for ``role`` (:func:`pin`), its output in ``<name>.out`` and ``<name>.err``."""
+        proc = harness.Process(
+            [*(pin(self.ctx, role) if role else []), *cmd],
+            stdout_path=self.dir / f"{name}.out",
+            stderr_path=self.dir / f"{name}.err",
+            env=env,
+            cwd=cwd,
+            name=name,
+        )
+        return self.add(proc)
+
+    def add(self, proc: harness.Process) -> harness.Process:
+        """Track a process started by the harness (an activator, a pod) for ``stop_all``."""
         self.procs.append(proc)
         return proc
 
-    def stop(self, proc: Proc, sig: int = signal.SIGTERM, grace: float = 5.0) -> None:
-        rc = proc.popen.poll()
+    def finish(self, proc: harness.Process, timeout: float) -> int:
+        """Wait for a process that ends by itself (a load generator, py-spy); its exit code."""
+        code = proc.wait(timeout)
+        self.procs.remove(proc)
+        return code
+
+    def stop(self, proc: harness.Process, grace: float = 5.0) -> None:
+        rc = proc.returncode
         if rc is not None:  # it should still be running: say so in the results
             self.ctx.note(
                 f"{self.dir.name}: {proc.name} (pid {proc.pid}) had exited on its own before the end of "
-                f"its scenario, exit status {rc}; see {proc.stderr.relative_to(ROOT)}"
+                f"its scenario, exit status {rc}; see {proc.stderr_path.relative_to(ROOT)}"
             )
-        if rc is None:
-            try:
-                os.killpg(proc.pid, sig)
-            except ProcessLookupError:
-                pass
-            try:
-                proc.popen.wait(grace)
-            except subprocess.TimeoutExpired:
-                pass
-        # the group may hold children (nginx/haproxy workers, activator workers)
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        try:
-            proc.popen.wait(2)
-        except subprocess.TimeoutExpired:
-            pass
+        proc.stop(grace)  # the group may hold children (nginx/haproxy workers, activator workers)
         if proc in self.procs:
             self.procs.remove(proc)
 
@@ -436,8 +336,8 @@ class Build:
 
 
 def this_tree() -> Build:
-    custom = os.environ.get("ACTIVATOR_BIN")
-    return Build("activator (this tree)", shlex.split(custom) if custom else [PYTHON, "-m", "activator"])
+    """This working tree, or ``$ACTIVATOR_BIN`` (what the e2e tests run: :func:`harness.activator_command`)."""
+    return Build("activator (this tree)", harness.activator_command())
 
 
 def _git(*args: str) -> subprocess.CompletedProcess[str]:
@@ -509,9 +409,10 @@ class Baseline:
             return None
         try:
             return start_activator(procs, name, services, build=build, **options)
-        except RuntimeError as exc:
-            lines = (procs.dir / f"{name}.err").read_text(errors="replace").strip().splitlines()
-            self.build, self.failure = None, f"{exc}: {lines[-1] if lines else 'no output'}"
+        except harness.HarnessError as exc:  # it exited, or was not ready in time (and was killed)
+            stderr = procs.dir / name / "stderr.log"
+            lines = stderr.read_text(errors="replace").strip().splitlines() if stderr.exists() else []
+            self.build, self.failure = None, f"{str(exc).splitlines()[0]}: {lines[-1] if lines else 'no output'}"
             procs.ctx.note(f"{build.label} did not start, its rows are left out: {self.failure}")
             return None
 
@@ -525,71 +426,46 @@ class Baseline:
 # servers
 
 
-def yaml_list(items: Iterable[str]) -> str:
-    return "[" + ", ".join(json.dumps(i) for i in items) + "]"
-
-
-def activator_yaml(
-    port: int,
-    admin: int,
+def activator_config(
     services: dict[str, dict[str, Any]],
     *,
     access_log: bool = False,
     workers: int = 1,
     statsd: str | None = None,
     max_connections: int = 10000,
-) -> str:
-    """A config text. services: name -> {hosts, cc, queue_depth, pods (list of str or dict), ...}."""
-    lines = [
-        f"listen: 127.0.0.1:{port}",
-        f"admin: 127.0.0.1:{admin}",
-        f"workers: {workers}",
-        "grace_period: 1s",
-        f"access_log: {'true' if access_log else 'false'}",
-        "limits:",
-        f"  max_connections: {max_connections}",
-        "  client_timeout: 120s",
-    ]
+) -> dict[str, Any]:
+    """An activator config (the harness picks ``listen`` and ``admin``). services: name ->
+    {hosts, cc, queue_depth, queue_timeout, lb_policy, pods (addresses or {address, drain})}."""
+    config: dict[str, Any] = {
+        "workers": workers,
+        "grace_period": "1s",
+        "access_log": access_log,
+        "limits": {"max_connections": max_connections, "client_timeout": "120s"},
+    }
     if statsd:
-        lines += ["statsd:", f"  address: {statsd}", "  prefix: bench"]
-    lines.append("services:")
-    for name, s in services.items():
-        lines += [
-            f"  {name}:",
-            f"    hosts: {yaml_list(s.get('hosts', ['*']))}",
-            f"    container_concurrency: {s.get('cc', 1)}",
-            f"    queue_depth: {s.get('queue_depth', 1000)}",
-            f"    queue_timeout: {s.get('queue_timeout', '30s')}",
-            "    connect_timeout: 2s",
-            "    request_timeout: 300s",
-            f"    lb_policy: {s.get('lb_policy', 'auto')}",
-            "    probe: null",
-            "    pods:",
-        ]
-        for pod in s["pods"]:
-            if isinstance(pod, str):
-                lines.append(f"      - {pod}")
-            else:
-                lines.append(f"      - {{address: {pod['address']}, drain: {'true' if pod.get('drain') else 'false'}}}")
-    return "\n".join(lines) + "\n"
+        config["statsd"] = {"address": statsd, "prefix": "bench"}
+    config["services"] = {
+        name: harness.service_config(
+            s["pods"],
+            hosts=s.get("hosts", ["*"]),
+            container_concurrency=s.get("cc", 1),
+            queue_depth=s.get("queue_depth", 1000),
+            queue_timeout=s.get("queue_timeout", "30s"),
+            connect_timeout="2s",
+            request_timeout="300s",
+            lb_policy=s.get("lb_policy", "auto"),
+        )
+        for name, s in services.items()
+    }
+    return config
 
 
-def write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+class Activator(harness.Activator):
+    """The harness's activator, with the label of the build it runs (for the tables)."""
 
-
-@dataclass
-class Activator:
-    proc: Proc
-    port: int
-    admin: int
-    config: Path
-    label: str  # which activator: its build's label
-
-    def status(self) -> Any:
-        return http_json(f"http://127.0.0.1:{self.admin}/status")
+    def __init__(self, config: dict[str, Any], *, label: str, **options: Any) -> None:
+        super().__init__(config, **options)
+        self.label = label
 
 
 def start_activator(
@@ -606,52 +482,58 @@ def start_activator(
     ready_timeout: float = 30.0,
     build: Build | None = None,
 ) -> Activator:
-    """An activator (this tree unless ``build`` says otherwise) with this config, once ready."""
+    """An activator (this tree unless ``build`` says otherwise) with this config, once
+    ready; its config and output in ``<scenario>/<name>/``."""
     build = build or this_tree()
-    port, admin = free_port(), free_port()
-    config = procs.dir / f"{name}.yaml"
-    write_atomic(
+    config = activator_config(
+        services, access_log=access_log, workers=workers, statsd=statsd, max_connections=max_connections
+    )
+    act = Activator(
         config,
-        activator_yaml(
-            port,
-            admin,
-            services,
-            access_log=access_log,
-            workers=workers,
-            statsd=statsd,
-            max_connections=max_connections,
-        ),
+        label=build.label,
+        workdir=procs.dir / name,
+        command=build.cmd,
+        env={**build.env, **(env or {})},
+        cwd=build.cwd,
+        wrapper=pin(procs.ctx, role) if role else [],
+        ready_timeout=ready_timeout,
+        start=False,
     )
-    proc = procs.start(
-        name, [*build.cmd, "run", "-c", str(config)], role=role, env={**build.env, **(env or {})}, cwd=build.cwd
+    procs.add(act.start(wait_ready=False).process)
+    act.wait_ready()
+    return act
+
+
+def start_backend(
+    procs: Procs, name: str, role: str | None = "load", *, any_address: bool = False
+) -> tuple[harness.Process, int]:
+    """tests/backend.py (:class:`harness.Pod`): a gevent pod that records its own peak
+    concurrency (/_stats); on ``0.0.0.0`` with ``any_address`` (every loopback address)."""
+    pod = harness.Pod(
+        workdir=procs.dir / name,
+        host="0.0.0.0" if any_address else LOCALHOST,
+        wrapper=pin(procs.ctx, role) if role else [],
     )
-    wait_http(f"http://127.0.0.1:{admin}/readyz", ready_timeout, proc.popen)
-    return Activator(proc, port, admin, config, build.label)
+    assert pod.port is not None  # set once it is ready
+    return procs.add(pod.process), pod.port
 
 
 def start_nginx(
     procs: Procs, name: str = "nginx", *, any_address: bool = False, role: str | None = "load"
-) -> tuple[Proc, int]:
+) -> tuple[harness.Process, int]:
     """nginx answering every request with 200 "hello" (5 bytes), one worker, keep-alive forever."""
     nginx = procs.ctx.tools.get("nginx")
     if nginx is None:  # fallback: the gevent test pod (much slower than nginx; noted in the results)
         if "nginx missing: tests/backend.py stands in for it" not in procs.ctx.notes:
             procs.ctx.note("nginx missing: tests/backend.py stands in for it")
-        port = free_port()
-        proc = procs.start(
-            name,
-            [PYTHON, str(BACKEND), "--port", str(port), "--host", "0.0.0.0" if any_address else "127.0.0.1"],
-            role=role,
-        )
-        wait_http(f"http://127.0.0.1:{port}/_stats", 15, proc.popen)
-        return proc, port
-    port = free_port()
+        return start_backend(procs, name, role, any_address=any_address)
+    port = harness.free_port()
     prefix = procs.dir / name
     prefix.mkdir(exist_ok=True)
     for sub in ("logs", "tmp"):
         (prefix / sub).mkdir(exist_ok=True)
     user = "user root;\n" if os.geteuid() == 0 else ""
-    listen = f"{port}" if any_address else f"127.0.0.1:{port}"
+    listen = f"{port}" if any_address else f"{LOCALHOST}:{port}"
     conf = f"""{user}worker_processes 1;
 daemon off;
 pid {prefix}/nginx.pid;
@@ -680,46 +562,46 @@ http {{
         [nginx, "-p", str(prefix), "-c", str(prefix / "nginx.conf"), "-e", str(prefix / "logs" / "error.log")],
         role=role,
     )
-    wait_http(f"http://127.0.0.1:{port}/", 10, proc.popen)
+    harness.wait_http(f"{LOCALHOST}:{port}", "/", process=proc, timeout=10)
     return proc, port
 
 
-def start_backend(procs: Procs, name: str, role: str | None = "load") -> tuple[Proc, int]:
-    """tests/backend.py: a gevent pod that records its own peak concurrency (/_stats)."""
-    port = free_port()
-    proc = procs.start(name, [PYTHON, str(BACKEND), "--port", str(port)], role=role)
-    wait_http(f"http://127.0.0.1:{port}/_stats", 15, proc.popen)
+def _start_server(
+    procs: Procs, name: str, module: str, args: Sequence[str], path: str, role: str | None
+) -> tuple[harness.Process, int]:
+    """``python -m module --port P *args`` on a free port, once ``GET path`` answers 200."""
+    port = harness.free_port()
+    proc = procs.start(name, [PYTHON, "-m", module, "--port", str(port), *args], role=role)
+    harness.wait_http(f"{LOCALHOST}:{port}", path, process=proc, timeout=15)
     return proc, port
 
 
-def start_hello(procs: Procs, name: str = "hello") -> tuple[Proc, int]:
-    port = free_port()
-    proc = procs.start(name, [PYTHON, "-m", "bench.hello_app", "--port", str(port)], role="proxy")
-    wait_http(f"http://127.0.0.1:{port}/", 15, proc.popen)
-    return proc, port
+def start_hello(procs: Procs, name: str = "hello") -> tuple[harness.Process, int]:
+    return _start_server(procs, name, "bench.hello_app", [], "/", "proxy")
 
 
-def start_forwarder(procs: Procs, upstream: int, name: str = "forwarder") -> tuple[Proc, int]:
+def start_forwarder(procs: Procs, upstream: int, name: str = "forwarder") -> tuple[harness.Process, int]:
     """bench/forwarder.py in front of 127.0.0.1:upstream, once a request went through it."""
-    port = free_port()
-    proc = procs.start(
-        name,
-        [PYTHON, "-m", "bench.forwarder", "--port", str(port), "--upstream", f"127.0.0.1:{upstream}"],
-        role="proxy",
-    )
-    wait_http(f"http://127.0.0.1:{port}/", 15, proc.popen)
-    return proc, port
+    return _start_server(procs, name, "bench.forwarder", ["--upstream", f"{LOCALHOST}:{upstream}"], "/", "proxy")
 
 
 def start_twowrite_pod(
     procs: Procs, name: str, *, one_write: bool = False, nodelay: bool = False, role: str | None = "load"
-) -> tuple[Proc, int]:
+) -> tuple[harness.Process, int]:
     """bench/twowrite_pod.py: two sends per response without TCP_NODELAY, unless told otherwise."""
-    port = free_port()
-    cmd = [PYTHON, "-m", "bench.twowrite_pod", "--port", str(port)]
-    proc = procs.start(name, cmd + ["--one-write"] * one_write + ["--nodelay"] * nodelay, role=role)
-    wait_http(f"http://127.0.0.1:{port}/_stats", 15, proc.popen)
-    return proc, port
+    args = ["--one-write"] * one_write + ["--nodelay"] * nodelay
+    return _start_server(procs, name, "bench.twowrite_pod", args, "/_stats", role)
+
+
+def reset_pods(ports: Iterable[int]) -> None:
+    """``POST /_reset`` on each of these pods (``tests/backend.py``, ``bench/twowrite_pod.py``)."""
+    for port in ports:
+        harness.json_request(f"{LOCALHOST}:{port}", "POST", "/_reset")
+
+
+def pod_stats(ports: Iterable[int]) -> list[dict[str, Any]]:
+    """``GET /_stats`` of each of these pods: their own count and peak concurrency."""
+    return [harness.json_request(f"{LOCALHOST}:{port}", "GET", "/_stats") for port in ports]
 
 
 def haproxy_cfg(
@@ -763,7 +645,7 @@ backend be
 
 @dataclass
 class HAProxy:
-    proc: Proc
+    proc: harness.Process
     port: int
     config: Path
 
@@ -783,9 +665,9 @@ def start_haproxy(
     haproxy = procs.ctx.tools.get("haproxy")
     if haproxy is None:
         raise RuntimeError("haproxy not available")
-    port = free_port()
+    port = harness.free_port()
     cfg = procs.dir / f"{name}.cfg"
-    write_atomic(
+    harness.write_atomic(
         cfg,
         haproxy_cfg(port, servers, maxconn=maxconn, balance=balance, log_port=log_port, global_maxconn=global_maxconn),
     )
@@ -794,21 +676,8 @@ def start_haproxy(
         raise RuntimeError(f"haproxy config invalid: {check.stdout}{check.stderr}")
     cmd = [haproxy, "-W", "-db", "-f", str(cfg)] if master_worker else [haproxy, "-db", "-f", str(cfg)]
     proc = procs.start(name, cmd, role=role)
-    wait_tcp(port, 10, proc.popen)
+    harness.wait_listening(f"{LOCALHOST}:{port}", process=proc, timeout=10)
     return HAProxy(proc, port, cfg)
-
-
-def wait_tcp(port: int, timeout: float, proc: subprocess.Popen | None = None) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"process exited with {proc.returncode}")
-        try:
-            with socket.create_connection(("127.0.0.1", port), 0.5):
-                return
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError(f"port {port} not listening after {timeout}s")
 
 
 # ---------------------------------------------------------------------------------------
@@ -883,7 +752,7 @@ def _run_wrk(
             ],
             role=role,
         )
-        lat = [d - s for s, d, st in zip(res["sent"], res["done"], res["status"]) if st]
+        lat = [d - s for s, d, st in zip(res["sent"], res["done"], res["status"], strict=True) if st]
         ok = sum(1 for st in res["status"] if 200 <= st < 300)
         return WrkResult(
             len(lat) / seconds,
@@ -936,20 +805,29 @@ def run_loadgen(
     r = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=timeout, cwd=str(ROOT))
     if r.returncode != 0:
         raise RuntimeError(f"loadgen failed ({r.returncode}): {r.stderr[-2000:]}")
-    data = json.loads(out.read_text())
+    data: dict[str, Any] = json.loads(out.read_text())
     out.unlink()
     return data
 
 
 def start_loadgen(
-    ctx: Ctx, args: Sequence[str], out: Path, role: str | None = "load", rt: bool = False
-) -> subprocess.Popen:
-    cmd = [*rt_prefix(ctx, rt), *(pin(ctx, role) if role else []), *loadgen_cmd([*args, "--out", str(out)])]
-    return subprocess.Popen(cmd, cwd=str(ROOT), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    procs: Procs, name: str, args: Sequence[str], out: Path, role: str | None = "load"
+) -> harness.Process:
+    """The load generator in the background (see :func:`finish_loadgen`), its result to ``out``."""
+    return procs.start(name, loadgen_cmd([*args, "--out", str(out)]), role=role)
+
+
+def finish_loadgen(procs: Procs, proc: harness.Process, out: Path, timeout: float) -> dict[str, Any]:
+    """Wait for a load generator of :func:`start_loadgen` to end; its result."""
+    code = procs.finish(proc, timeout)
+    if code != 0:
+        raise RuntimeError(f"loadgen failed ({code}): {proc.stderr_text()[-2000:]}")
+    result: dict[str, Any] = json.loads(out.read_text())
+    return result
 
 
 def saturate(
-    ctx: Ctx, procs: Procs, targets: Sequence[tuple[str, int, Proc]], seconds: float, rounds: int, what: str
+    ctx: Ctx, procs: Procs, targets: Sequence[tuple[str, int, harness.Process]], seconds: float, rounds: int, what: str
 ) -> dict[str, list[WrkResult]]:
     """wrk -t1 -c50 on every (name, port, process) in interleaved rounds, with that process's
     CPU time per request; in full mode a one-second warm-up of each first (connections
@@ -961,11 +839,11 @@ def saturate(
     results: dict[str, list[WrkResult]] = {}
     for r in range(rounds):
         for name, port, proc in targets:
-            if not procs.alive(proc):
+            if not proc.is_running():
                 continue
             log(f"{what}: wrk -t1 -c50 {seconds:g}s, {name}, round {r + 1}/{rounds}")
             w = run_wrk(ctx, port, seconds, cpu_pids=[proc.pid])
-            if procs.alive(proc):
+            if proc.is_running():
                 results.setdefault(name, []).append(w)
     return results
 
@@ -983,13 +861,13 @@ def open_loop(ctx: Ctx, port: int, seconds: float, warmup: float, rt: bool, shap
         ctx, ["open", "--port", str(port), "--rate", "1000", "--duration", str(seconds + warmup), *shape], rt=rt
     )
     t0 = res["start"] + warmup
-    lat = [(d - s) * 1000 for s, d, st in zip(res["sched"], res["done"], res["status"]) if s >= t0 and st]
+    lat = [(d - s) * 1000 for s, d, st in zip(res["sched"], res["done"], res["status"], strict=True) if s >= t0 and st]
     svc = [
         (d - s) * 1000
-        for s, d, st, sch in zip(res["sent"], res["done"], res["status"], res["sched"])
+        for s, d, st, sch in zip(res["sent"], res["done"], res["status"], res["sched"], strict=True)
         if sch >= t0 and st
     ]
-    failed = sum(1 for s, st in zip(res["sched"], res["status"]) if s >= t0 and not (200 <= st < 300))
+    failed = sum(1 for s, st in zip(res["sched"], res["status"], strict=True) if s >= t0 and not (200 <= st < 300))
     span = (max(res["done"]) - t0) if res["done"] else 0
     return {
         "lat": lat,
@@ -1005,7 +883,7 @@ def open_loop(ctx: Ctx, port: int, seconds: float, warmup: float, rt: bool, shap
 def added_ms(runs: Sequence[dict[str, Any]], direct: Sequence[dict[str, Any]], p: float) -> float:
     """Latency added over direct at percentile p: per round (this target's minus direct's in
     the same round), then the median over rounds, so one disturbed round does not decide."""
-    return median([pct(r["lat"], p) - pct(d["lat"], p) for r, d in zip(runs, direct)])
+    return median([pct(r["lat"], p) - pct(d["lat"], p) for r, d in zip(runs, direct, strict=True)])
 
 
 # ---------------------------------------------------------------------------------------

@@ -29,6 +29,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import harness
+
 from . import common as c
 from .report import Section, Table, Target
 
@@ -46,7 +48,7 @@ SHAPES = (
 SLOT_SERVICE_MS = 5
 SLOT_CLIENTS = 8
 
-Endpoint = tuple[str, int, c.Proc]  # (name in the tables, port, the process whose CPU is counted)
+Endpoint = tuple[str, int, harness.Process]  # (name in the tables, port, the process whose CPU is counted)
 
 
 def _ratio(a: float, b: float) -> float:
@@ -60,10 +62,10 @@ def run(ctx: c.Ctx) -> Section:
         service = {"web": {"hosts": ["*"], "cc": 100, "queue_depth": 1000, "pods": [f"127.0.0.1:{nginx}"]}}
         fwd_proc, fwd = c.start_forwarder(procs, nginx)
         act = c.start_activator(procs, "activator", service)
-        proxies: list[Endpoint] = [(FORWARDER, fwd, fwd_proc), (act.label, act.port, act.proc)]
+        proxies: list[Endpoint] = [(FORWARDER, fwd, fwd_proc), (act.label, act.port, act.process)]
         prev = ctx.baseline.start(procs, "activator-previous", service) if ctx.baseline else None
         if prev:
-            proxies.append((prev.label, prev.port, prev.proc))
+            proxies.append((prev.label, prev.port, prev.process))
         refs: list[Endpoint] = [(DIRECT, nginx, nginx_proc)]
         if ctx.tools.get("haproxy"):
             hap = c.start_haproxy(
@@ -267,12 +269,12 @@ def _slot_held(ctx: c.Ctx, procs: c.Procs, sec: Section, this: str) -> None:
     addr = f"127.0.0.1:{pod}"
     service = {"slot": {"hosts": ["*"], "cc": 1, "queue_depth": 1000, "pods": [addr]}}
     # (name, port, clients, process): direct with one client is the floor, the client's own turnaround
-    targets: list[tuple[str, int, int, c.Proc]] = [("direct, one client", pod, 1, pod_proc)]
+    targets: list[tuple[str, int, int, harness.Process]] = [("direct, one client", pod, 1, pod_proc)]
     act = c.start_activator(procs, "activator-cc1", service)
-    targets.append((this, act.port, SLOT_CLIENTS, act.proc))
+    targets.append((this, act.port, SLOT_CLIENTS, act.process))
     prev = ctx.baseline.start(procs, "activator-previous-cc1", service) if ctx.baseline else None
     if prev:
-        targets.append((prev.label, prev.port, SLOT_CLIENTS, prev.proc))
+        targets.append((prev.label, prev.port, SLOT_CLIENTS, prev.process))
     if ctx.tools.get("haproxy"):
         hap = c.start_haproxy(procs, "haproxy-cc1", [("pod", addr)], maxconn=1, balance="first")
         targets.append((HAPROXY, hap.port, SLOT_CLIENTS, hap.proc))
@@ -285,9 +287,9 @@ def _slot_held(ctx: c.Ctx, procs: c.Procs, sec: Section, this: str) -> None:
                 closed = ["closed", "--port", str(port), "--path", path, "--clients", str(clients), "--duration"]
                 if r == 0 and not ctx.quick:  # warm-up: the proxy's pod connection open, code paths hot
                     c.run_loadgen(ctx, [*closed, "1"], rt=True)
-                c.http_get(f"http://127.0.0.1:{pod}/_reset", method="POST")
+                c.reset_pods([pod])
                 res = c.run_loadgen(ctx, [*closed, str(seconds)], rt=True)
-                measured.setdefault(name, []).append(_hand_off(res, c.http_json(f"http://127.0.0.1:{pod}/_stats")))
+                measured.setdefault(name, []).append(_hand_off(res, c.pod_stats([pod])[0]))
     rows = []
     for name, _, clients, _ in targets:
         ms = measured[name]
@@ -312,8 +314,8 @@ def _slot_held(ctx: c.Ctx, procs: c.Procs, sec: Section, this: str) -> None:
     sec.tables.append(
         Table(
             f"(d) slot held beyond the pod's own time: one pod, `container_concurrency: 1` / `maxconn 1`, "
-            f"{SLOT_SERVICE_MS} ms per request, closed loop of {SLOT_CLIENTS} clients through each proxy, {seconds:g} s, "
-            f"median of {rounds} interleaved rounds; ms",
+            f"{SLOT_SERVICE_MS} ms per request, closed loop of {SLOT_CLIENTS} clients through each proxy, "
+            f"{seconds:g} s, median of {rounds} interleaved rounds; ms",
             [
                 "path",
                 "clients",
@@ -346,7 +348,7 @@ def _slot_held(ctx: c.Ctx, procs: c.Procs, sec: Section, this: str) -> None:
 
 def _hand_off(res: dict[str, Any], stats: dict[str, Any]) -> dict[str, float]:
     """One run's hand-off figures (ms) from the load generator's result and the pod's own stats."""
-    ok = [(s, d) for s, d, st in zip(res["sent"], res["done"], res["status"]) if st == 200]
+    ok = [(s, d) for s, d, st in zip(res["sent"], res["done"], res["status"], strict=True) if st == 200]
     busy = c.mean(stats["busy_us"]) / 1000
     gaps = [g / 1000 for g in stats["gaps_us"]]
     span = (max(d for _, d in ok) - min(s for s, _ in ok)) * 1000 if ok else float("nan")

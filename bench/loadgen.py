@@ -55,6 +55,7 @@ import socket
 import sys
 import time
 from collections import deque
+from collections.abc import Iterator
 from typing import Any
 
 mono = time.monotonic
@@ -220,11 +221,35 @@ class Generator:
             return "retry", 0
         return "fail", 0
 
+    def endings(self, timeout: float) -> Iterator[tuple[Conn, int, str, int]]:
+        """Wait up to ``timeout`` for readable connections; each request that came to an end
+        there, as (connection, request, 'done' | 'retry' | 'fail', status), handed over as
+        soon as it is read. An idle connection the server closed is dropped."""
+        for fd, _ev in self.wait(timeout):
+            conn = self.conns.get(fd)
+            if conn is None:
+                continue
+            what, st = self.on_readable(conn)
+            if what == "more":
+                continue
+            if what == "idle-closed":
+                self.drop(conn)
+                continue
+            i = conn.req
+            conn.req = -1
+            yield conn, i, what, st
 
-def run_open(g: Generator, args: argparse.Namespace) -> dict[str, Any]:
+    def unfinished(self, done: list[float]) -> None:
+        """Requests still without an answer at the end: failed, now."""
+        for i in range(len(done)):
+            if done[i] == 0.0:
+                self.error("unfinished")
+                done[i] = mono()
+
+
+def _schedule(args: argparse.Namespace, n: int, start: float) -> list[float]:
+    """The send time of each of the ``n`` requests: every 1/rate s or Poisson gaps, ``--burst`` at a time."""
     rng = random.Random(args.seed)
-    n = args.count if args.count else int(args.rate * args.duration)
-    start = mono() + 0.2
     sched = []
     t = start
     for i in range(n):
@@ -236,109 +261,118 @@ def run_open(g: Generator, args: argparse.Namespace) -> dict[str, Any]:
         else:
             t = start + i / args.rate
             sched.append(t)
-    for _ in range(min(args.conns, args.max_conns)):
-        g.idle.append(g.connect())
-    sent = [0.0] * n
-    done = [0.0] * n
-    status = [0] * n
-    busy: dict[int, Conn] = {}
-    pending: deque[int] = deque()
-    finished = 0
-    nxt = 0
-    hard_deadline = (sched[-1] if sched else start) + args.drain
-    while finished < n:
-        now = mono()
-        if now > hard_deadline:
-            break
-        while nxt < n and sched[nxt] <= now:
-            pending.append(nxt)
-            nxt += 1
-        while pending and (g.idle or len(g.conns) < args.max_conns):
+    return sched
+
+
+class _OpenLoop:
+    """The open loop's requests: each sent at its time on an idle connection (a new one up
+    to ``max_conns``), a retried one first in line."""
+
+    def __init__(self, g: Generator, n: int, max_conns: int) -> None:
+        self.g = g
+        self.max_conns = max_conns
+        self.sent = [0.0] * n
+        self.done = [0.0] * n
+        self.status = [0] * n
+        self.pending: deque[int] = deque()
+        self.finished = 0
+
+    def fail(self, i: int, kind: str) -> None:
+        self.g.error(kind)
+        self.done[i] = mono()
+        self.finished += 1
+
+    def send_pending(self) -> None:
+        g, pending = self.g, self.pending
+        while pending and (g.idle or len(g.conns) < self.max_conns):
             if g.idle:
                 conn = g.idle.pop()
             else:
                 try:
                     conn = g.connect()
                 except OSError:
-                    g.error("connect")
-                    i = pending.popleft()
-                    done[i] = mono()
-                    finished += 1
+                    self.fail(pending.popleft(), "connect")
                     continue
             i = pending.popleft()
-            sent[i] = mono()
-            if g.send(conn, i):
-                busy[conn.fd] = conn
-            else:
+            self.sent[i] = mono()
+            if not g.send(conn, i):
                 g.drop(conn)
                 if conn.used > 0:
                     g.retried += 1
                     pending.appendleft(i)
                 else:
-                    g.error("send")
-                    done[i] = mono()
-                    finished += 1
-        timeout = (sched[nxt] - mono()) if nxt < n else 0.05
-        if pending and not g.idle and len(g.conns) >= args.max_conns:
-            timeout = min(timeout, 0.05)
-        for fd, _ev in g.wait(min(max(timeout, 0.0), 0.05)):
-            ready = g.conns.get(fd)
-            if ready is None:
-                continue
-            conn = ready
-            what, st = g.on_readable(conn)
-            if what == "more":
-                continue
-            if what == "idle-closed":
+                    self.fail(i, "send")
+
+    def ended(self, conn: Conn, i: int, what: str, st: int) -> None:
+        g = self.g
+        if what == "done":
+            self.done[i] = mono()
+            self.status[i] = st
+            self.finished += 1
+            conn.used += 1
+            if conn.close_after:
                 g.drop(conn)
-                continue
-            i = conn.req
-            busy.pop(fd, None)
-            conn.req = -1
-            if what == "done":
-                done[i] = mono()
-                status[i] = st
-                finished += 1
-                conn.used += 1
-                if conn.close_after:
-                    g.drop(conn)
-                else:
-                    g.idle.append(conn)
-            elif what == "retry":
-                g.drop(conn)
-                g.retried += 1
-                pending.appendleft(i)
             else:
-                g.drop(conn)
-                g.error("response")
-                done[i] = mono()
-                finished += 1
-    for i in range(n):
-        if done[i] == 0.0:
-            g.error("unfinished")
-            done[i] = mono()
-    return {"mode": "open", "start": start, "sched": sched, "sent": sent, "done": done, "status": status}
+                g.idle.append(conn)
+        elif what == "retry":
+            g.drop(conn)
+            g.retried += 1
+            self.pending.appendleft(i)
+        else:
+            g.drop(conn)
+            self.fail(i, "response")
 
 
-def run_closed(g: Generator, args: argparse.Namespace) -> dict[str, Any]:
-    start = mono()
-    end = start + args.duration
-    sent: list[float] = []
-    done: list[float] = []
-    status: list[int] = []
+def run_open(g: Generator, args: argparse.Namespace) -> dict[str, Any]:
+    n = args.count if args.count else int(args.rate * args.duration)
+    start = mono() + 0.2
+    sched = _schedule(args, n, start)
+    for _ in range(min(args.conns, args.max_conns)):
+        g.idle.append(g.connect())
+    loop = _OpenLoop(g, n, args.max_conns)
+    nxt = 0
+    hard_deadline = (sched[-1] if sched else start) + args.drain
+    while loop.finished < n:
+        now = mono()
+        if now > hard_deadline:
+            break
+        while nxt < n and sched[nxt] <= now:
+            loop.pending.append(nxt)
+            nxt += 1
+        loop.send_pending()
+        timeout = (sched[nxt] - mono()) if nxt < n else 0.05
+        if loop.pending and not g.idle and len(g.conns) >= args.max_conns:
+            timeout = min(timeout, 0.05)
+        for conn, i, what, st in g.endings(min(max(timeout, 0.0), 0.05)):
+            loop.ended(conn, i, what, st)
+    g.unfinished(loop.done)
+    return {"mode": "open", "start": start, "sched": sched, "sent": loop.sent, "done": loop.done, "status": loop.status}
 
-    def issue(conn: Conn | None, i: int | None = None) -> None:
+
+class _ClosedLoop:
+    """The closed loop's clients: each sends its next request when the previous response
+    has arrived, until ``end``."""
+
+    def __init__(self, g: Generator, end: float) -> None:
+        self.g = g
+        self.end = end
+        self.sent: list[float] = []
+        self.done: list[float] = []
+        self.status: list[int] = []
+
+    def issue(self, conn: Conn | None, i: int | None = None) -> None:
         """Send request i (a new one when None) on conn (a new connection when None)."""
+        g = self.g
         while True:
             if i is None:
-                if mono() >= end:
+                if mono() >= self.end:
                     if conn is not None:
                         g.drop(conn)
                     return
-                i = len(sent)
-                sent.append(mono())
-                done.append(0.0)
-                status.append(0)
+                i = len(self.sent)
+                self.sent.append(mono())
+                self.done.append(0.0)
+                self.status.append(0)
             retried = False
             while True:
                 if conn is None:
@@ -358,50 +392,51 @@ def run_closed(g: Generator, args: argparse.Namespace) -> dict[str, Any]:
                     continue
                 g.error("send")
                 break
-            done[i] = mono()  # request i failed; this client goes on with a new one
+            self.done[i] = mono()  # request i failed; this client goes on with a new one
             i = None
             time.sleep(0.01)
 
-    for _ in range(args.clients):
-        issue(None)
-    while g.conns:
-        for fd, _ev in g.wait(0.05):
-            conn = g.conns.get(fd)
-            if conn is None:
-                continue
-            what, st = g.on_readable(conn)
-            if what == "more":
-                continue
-            if what == "idle-closed":
+    def ended(self, conn: Conn, i: int, what: str, st: int) -> None:
+        g = self.g
+        if what == "done":
+            self.done[i] = mono()
+            self.status[i] = st
+            conn.used += 1
+            if conn.close_after:
                 g.drop(conn)
-                continue
-            i = conn.req
-            conn.req = -1
-            if what == "done":
-                done[i] = mono()
-                status[i] = st
-                conn.used += 1
-                if conn.close_after:
-                    g.drop(conn)
-                    issue(None)
-                else:
-                    issue(conn)
-            elif what == "retry":
-                g.drop(conn)
-                g.retried += 1
-                issue(None, i)
+                self.issue(None)
             else:
-                g.drop(conn)
-                g.error("response")
-                done[i] = mono()
-                issue(None)
-        if mono() > end + args.drain:
+                self.issue(conn)
+        elif what == "retry":
+            g.drop(conn)
+            g.retried += 1
+            self.issue(None, i)
+        else:
+            g.drop(conn)
+            g.error("response")
+            self.done[i] = mono()
+            self.issue(None)
+
+
+def run_closed(g: Generator, args: argparse.Namespace) -> dict[str, Any]:
+    start = mono()
+    loop = _ClosedLoop(g, start + args.duration)
+    for _ in range(args.clients):
+        loop.issue(None)
+    while g.conns:
+        for conn, i, what, st in g.endings(0.05):
+            loop.ended(conn, i, what, st)
+        if mono() > loop.end + args.drain:
             break
-    for i in range(len(done)):
-        if done[i] == 0.0:
-            g.error("unfinished")
-            done[i] = mono()
-    return {"mode": "closed", "start": start, "sched": sent, "sent": sent, "done": done, "status": status}
+    g.unfinished(loop.done)
+    return {
+        "mode": "closed",
+        "start": start,
+        "sched": loop.sent,
+        "sent": loop.sent,
+        "done": loop.done,
+        "status": loop.status,
+    }
 
 
 def run_hold(g: Generator, args: argparse.Namespace) -> dict[str, Any]:

@@ -19,7 +19,10 @@ no queueing at 50 connections); HAProxy ``balance roundrobin``, ``server ... max
 from __future__ import annotations
 
 import math
+import socket
 from typing import Any
+
+import harness
 
 from . import common as c
 from .report import Section, Table, Target
@@ -34,6 +37,79 @@ s.bind(("127.0.0.1", int(sys.argv[1])))
 while True:
     s.recv(65536)
 """
+
+
+def _open_loop_table(
+    ctx: c.Ctx,
+    sec: Section,
+    label: str,
+    rt: bool,
+    targets: list[tuple[str, int | None]],
+    path_pids: list[int],
+) -> dict[str, tuple[float, float]]:
+    """(a) for one variant (isolated or not): the 1,000 req/s rounds, their table; the
+    latency each proxy adds over direct (p50, p99)."""
+    seconds, warmup = ctx.dur(10, 2), ctx.dur(2, 0.5)
+    rounds = ctx.n(3, 1)
+    runs: dict[str, list[dict[str, Any]]] = {}
+    with c.realtime(ctx, path_pids if rt else []):
+        for r in range(rounds):
+            for name, port in targets:
+                if port is None:
+                    continue
+                c.log(f"overhead (a) open loop 1000 req/s, {label}, {name}, round {r + 1}/{rounds}")
+                runs.setdefault(name, []).append(c.open_loop(ctx, port, seconds, warmup, rt, ["--conns", "32"]))
+    # Percentiles per round, then the median over rounds: one round disturbed by
+    # something else on the machine does not decide the result.
+    rows = []
+    direct = runs.get("direct nginx", [])
+    added: dict[str, tuple[float, float]] = {}
+    for name, rs in runs.items():
+        p50s = [c.pct(x["lat"], 50) for x in rs]
+        p99s = [c.pct(x["lat"], 99) for x in rs]
+        if name != "direct nginx" and direct:
+            added[name] = (c.added_ms(rs, direct, 50), c.added_ms(rs, direct, 99))
+        rows.append(
+            [
+                name,
+                sum(x["n"] for x in rs),
+                c.mean([x["rate"] for x in rs]),
+                c.median(p50s),
+                c.median(p99s),
+                c.median([c.pct(x["lat"], 99.9) for x in rs]),
+                max(max(x["lat"], default=0) for x in rs),
+                c.median([c.pct(x["svc"], 50) for x in rs]),
+                c.median([c.pct(x["svc"], 99) for x in rs]),
+                " / ".join(f"{v:.2f}" for v in p99s),
+                added.get(name, ("-", "-"))[0],
+                added.get(name, ("-", "-"))[1],
+                sum(x["failed"] for x in rs),
+            ]
+        )
+    sec.tables.append(
+        Table(
+            f"(a) latency at a fixed 1,000 req/s, open loop, {label} ({rounds} interleaved rounds of "
+            f"{seconds:g} s after {warmup:g} s warm-up, 32 keep-alive connections, latency from the scheduled "
+            "send time; ms; percentiles per round, median over rounds)",
+            [
+                "target",
+                "requests",
+                "achieved req/s",
+                "p50",
+                "p99",
+                "p99.9",
+                "max",
+                "p50 from send",
+                "p99 from send",
+                "p99 per round",
+                "added p50",
+                "added p99",
+                "failed",
+            ],
+            rows,
+        )
+    )
+    return added
 
 
 def run(ctx: c.Ctx) -> Section:
@@ -52,9 +128,9 @@ def run(ctx: c.Ctx) -> Section:
         service = {"web": {"hosts": ["*"], "cc": 100, "queue_depth": 1000, "pods": [f"127.0.0.1:{nginx}"]}}
         act = c.start_activator(procs, "activator", service)
         act_log = c.start_activator(procs, "activator-accesslog", service, access_log=True)
-        dead = c.free_port(c.socket.SOCK_DGRAM)
+        dead = harness.free_port(socket.SOCK_DGRAM)
         act_statsd = c.start_activator(procs, "activator-statsd-dead", service, statsd=f"127.0.0.1:{dead}")
-        sink = c.free_port(c.socket.SOCK_DGRAM)
+        sink = harness.free_port(socket.SOCK_DGRAM)
         procs.start("statsd-sink", [c.PYTHON, "-c", _STATSD_SINK, str(sink)], role="load")
         act_statsd_live = c.start_activator(procs, "activator-statsd-live", service, statsd=f"127.0.0.1:{sink}")
         hap = (
@@ -68,73 +144,16 @@ def run(ctx: c.Ctx) -> Section:
         # (nginx, the proxy, the generator) runs at SCHED_RR 1 while the light load lasts:
         # the proxy is then measured, not the other work on a shared machine. The full run
         # also measures the same at normal priority ("with neighbours").
-        seconds, warmup = ctx.dur(10, 2), ctx.dur(2, 0.5)
-        rounds = ctx.n(3, 1)
-        targets_a = [("direct nginx", nginx), ("HAProxy", hap.port if hap else None), ("activator", act.port)]
-        path_pids = [nginx_proc.pid, act.proc.pid] + ([hap.proc.pid] if hap else [])
+        targets_a: list[tuple[str, int | None]] = [
+            ("direct nginx", nginx),
+            ("HAProxy", hap.port if hap else None),
+            ("activator", act.port),
+        ]
+        path_pids = [nginx_proc.pid, act.pid] + ([hap.proc.pid] if hap else [])
         variants = ([("isolated (SCHED_RR)", True)] if ctx.rt else []) + (
             [("normal priority, with neighbours", False)] if not ctx.rt or not ctx.quick else []
         )
-        added_by: dict[str, dict[str, tuple[float, float]]] = {}
-        for label, rt in variants:
-            runs: dict[str, list[dict[str, Any]]] = {}
-            with c.realtime(ctx, path_pids if rt else []):
-                for r in range(rounds):
-                    for name, port in targets_a:
-                        if port is None:
-                            continue
-                        c.log(f"overhead (a) open loop 1000 req/s, {label}, {name}, round {r + 1}/{rounds}")
-                        runs.setdefault(name, []).append(c.open_loop(ctx, port, seconds, warmup, rt, ["--conns", "32"]))
-            # Percentiles per round, then the median over rounds: one round disturbed by
-            # something else on the machine does not decide the result.
-            rows = []
-            direct = runs.get("direct nginx", [])
-            added: dict[str, tuple[float, float]] = added_by.setdefault(label, {})
-            for name, rs in runs.items():
-                p50s = [c.pct(x["lat"], 50) for x in rs]
-                p99s = [c.pct(x["lat"], 99) for x in rs]
-                if name != "direct nginx" and direct:
-                    added[name] = (c.added_ms(rs, direct, 50), c.added_ms(rs, direct, 99))
-                rows.append(
-                    [
-                        name,
-                        sum(x["n"] for x in rs),
-                        c.mean([x["rate"] for x in rs]),
-                        c.median(p50s),
-                        c.median(p99s),
-                        c.median([c.pct(x["lat"], 99.9) for x in rs]),
-                        max(max(x["lat"], default=0) for x in rs),
-                        c.median([c.pct(x["svc"], 50) for x in rs]),
-                        c.median([c.pct(x["svc"], 99) for x in rs]),
-                        " / ".join(f"{v:.2f}" for v in p99s),
-                        added.get(name, ("-", "-"))[0],
-                        added.get(name, ("-", "-"))[1],
-                        sum(x["failed"] for x in rs),
-                    ]
-                )
-            sec.tables.append(
-                Table(
-                    f"(a) latency at a fixed 1,000 req/s, open loop, {label} ({rounds} interleaved rounds of "
-                    f"{seconds:g} s after {warmup:g} s warm-up, 32 keep-alive connections, latency from the scheduled "
-                    "send time; ms; percentiles per round, median over rounds)",
-                    [
-                        "target",
-                        "requests",
-                        "achieved req/s",
-                        "p50",
-                        "p99",
-                        "p99.9",
-                        "max",
-                        "p50 from send",
-                        "p99 from send",
-                        "p99 per round",
-                        "added p50",
-                        "added p99",
-                        "failed",
-                    ],
-                    rows,
-                )
-            )
+        added_by = {label: _open_loop_table(ctx, sec, label, rt, targets_a, path_pids) for label, rt in variants}
         judged = variants[0][0]
         added = added_by.get(judged, {})
         if ctx.rt:
@@ -149,15 +168,15 @@ def run(ctx: c.Ctx) -> Section:
         # (b) saturation
         secs_b = ctx.dur(10, 2)
         rounds_b = ctx.n(3, 1)
-        targets_b: list[tuple[str, int, c.Proc]] = [("direct nginx", nginx, nginx_proc)]
+        targets_b: list[tuple[str, int, harness.Process]] = [("direct nginx", nginx, nginx_proc)]
         if hap:
             targets_b.append(("HAProxy", hap.port, hap.proc))
         targets_b += [
-            ("activator", act.port, act.proc),
+            ("activator", act.port, act.process),
             (HELLO, hello, hello_proc),
-            ("activator, access_log: true", act_log.port, act_log.proc),
-            ("activator, StatsD to a dead port", act_statsd.port, act_statsd.proc),
-            ("activator, StatsD to a live sink", act_statsd_live.port, act_statsd_live.proc),
+            ("activator, access_log: true", act_log.port, act_log.process),
+            ("activator, StatsD to a dead port", act_statsd.port, act_statsd.process),
+            ("activator, StatsD to a live sink", act_statsd_live.port, act_statsd_live.process),
         ]
         results = c.saturate(ctx, procs, targets_b, secs_b, rounds_b, "overhead (b)")
 

@@ -150,14 +150,15 @@ def run(ctx: c.Ctx) -> str:
                 "-d",
                 str(int(seconds)),
                 "-p",
-                str(act.proc.pid),
+                str(act.pid),
                 "--nonblocking",
             ]
-            p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            sampler = procs.start("py-spy", cmd)
             time.sleep(0.5)
-            w = c.run_wrk(ctx, act.port, seconds + 1, cpu_pids=[act.proc.pid])
-            text, _ = p.communicate(timeout=60)
-            if p.returncode == 0 and out.exists() and out.stat().st_size > 0:
+            w = c.run_wrk(ctx, act.port, seconds + 1, cpu_pids=[act.pid])
+            code = procs.finish(sampler, timeout=60)
+            text = sampler.stdout_text() + sampler.stderr_text()
+            if code == 0 and out.exists() and out.stat().st_size > 0:
                 result, mode = w, ("--native" if native else "--nonblocking")
                 break
             ctx.note(f"py-spy {'--native ' if native else ''}failed: {text.strip()[-300:]}")

@@ -144,7 +144,8 @@ def render(ctx: Ctx, sections: list[Section], command: str, started: float, prof
     out += [
         (
             f"Recorded by `{command}` on {time.strftime('%Y-%m-%d %H:%M %Z', time.localtime(started))}, "
-            f"{time.time() - started:.0f} s in all{' (QUICK mode: short runs, numbers are rough)' if ctx.quick else ''}."
+            f"{time.time() - started:.0f} s in all"
+            f"{' (QUICK mode: short runs, numbers are rough)' if ctx.quick else ''}."
         ),
         (
             "Everything ran on this one machine, servers on 127.0.0.1, in one run: compare the ratios "

@@ -31,6 +31,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import harness
+
 from . import common as c
 from .report import Section, Table, Target
 
@@ -46,7 +48,7 @@ STALL_S = 0.01
 class PodKind:
     key: str  # in file names
     label: str  # in the tables
-    start: Callable[[c.Procs, str], tuple[c.Proc, int]]
+    start: Callable[[c.Procs, str], tuple[harness.Process, int]]
 
 
 POD_KINDS = (
@@ -91,17 +93,8 @@ class Syslog:
 _TW = re.compile(r"\bTw=(-?\d+)")
 
 
-def _reset(ports: list[int]) -> None:
-    for p in ports:
-        c.http_get(f"http://127.0.0.1:{p}/_reset", method="POST")
-
-
-def _pod_stats(ports: list[int]) -> list[dict[str, Any]]:
-    return [c.http_json(f"http://127.0.0.1:{p}/_stats") for p in ports]
-
-
 def _one(ctx: c.Ctx, port: int, rate: float, count: int, pods: list[int]) -> dict[str, Any]:
-    _reset(pods)
+    c.reset_pods(pods)
     res = c.run_loadgen(
         ctx,
         [
@@ -124,8 +117,8 @@ def _one(ctx: c.Ctx, port: int, rate: float, count: int, pods: list[int]) -> dic
         ],
         rt=True,
     )
-    stats = _pod_stats(pods)
-    ok = [(s, d) for s, d, st in zip(res["sched"], res["done"], res["status"]) if st == 200]
+    stats = c.pod_stats(pods)
+    ok = [(s, d) for s, d, st in zip(res["sched"], res["done"], res["status"], strict=True) if st == 200]
     lat = [(d - s) * 1000 for s, d in ok]
     span = max(res["done"]) - min(res["sched"])
     return {
@@ -156,7 +149,7 @@ def _closed(ctx: c.Ctx, port: int, clients: int, seconds: float, new_connections
         + ["--connection-close"] * new_connections,
         rt=True,
     )
-    ok = [(s, d) for s, d, st in zip(res["sent"], res["done"], res["status"]) if st == 200]
+    ok = [(s, d) for s, d, st in zip(res["sent"], res["done"], res["status"], strict=True) if st == 200]
     span = max(d for _, d in ok) - min(s for s, _ in ok)
     return span / len(ok) if ok else float("nan")
 
@@ -261,12 +254,12 @@ def _measure(ctx: c.Ctx, sec: Section, kind: PodKind, syslog: Syslog) -> None:
                 for name, port in queued.items():
                     c.log(f"scheduling, {kind.key}: {name} at {util:.0%} ({rate:.0f} req/s, {count} requests)")
                     if name == ACTIVATOR:
-                        offset = act.proc.stdout.stat().st_size
+                        offset = act.stdout_path.stat().st_size
                     else:
                         syslog.take()
                     r = _one(ctx, port, rate, count, pods)
                     if name == ACTIVATOR:
-                        with open(act.proc.stdout, "rb") as f:
+                        with open(act.stdout_path, "rb") as f:
                             f.seek(offset)
                             text = f.read().decode("latin-1")
                         tw = [int(m.group(1)) for m in _TW.finditer(text)]
@@ -290,8 +283,9 @@ def _report(
 ) -> None:
     sec.tables.append(
         Table(
-            f"{kind.label}: time per request per slot, closed loop (1 client: one request at a time; 16 clients through "
-            f"each proxy onto the 4 pods: every slot busy, x 4 for one slot); S = {service_s * 1000:.2f} ms; ms",
+            f"{kind.label}: time per request per slot, closed loop (1 client: one request at a time; 16 clients "
+            "through each proxy onto the 4 pods: every slot busy, x 4 for one slot); "
+            f"S = {service_s * 1000:.2f} ms; ms",
             ["path", "clients", "ms per request per slot", "beyond S"],
             [[name, clients, t * 1000, (t - service_s) * 1000] for name, clients, t in times],
         )

@@ -28,19 +28,19 @@ from gevent import monkey
 
 monkey.patch_all()
 
-import argparse
-import json
-import socket
-import time
-from typing import Any
-from urllib.parse import parse_qs
+import argparse  # noqa: E402 (gevent patches the stdlib first, above)
+import json  # noqa: E402 (gevent patches the stdlib first, above)
+import socket  # noqa: E402 (gevent patches the stdlib first, above)
+import time  # noqa: E402 (gevent patches the stdlib first, above)
+from typing import Any  # noqa: E402 (gevent patches the stdlib first, above)
+from urllib.parse import parse_qs  # noqa: E402 (gevent patches the stdlib first, above)
 
-import gevent
-import gevent.pool
-import httptools
-from gevent.server import StreamServer
+import gevent  # noqa: E402 (gevent patches the stdlib first, above)
+import gevent.pool  # noqa: E402 (gevent patches the stdlib first, above)
+import httptools  # noqa: E402 (gevent patches the stdlib first, above)
+from gevent.server import StreamServer  # noqa: E402 (gevent patches the stdlib first, above)
 
-from bench.http1 import RequestReader
+from bench.http1 import RequestReader  # noqa: E402 (gevent patches the stdlib first, above)
 
 
 class Stats:

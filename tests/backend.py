@@ -31,21 +31,21 @@ from gevent import monkey
 
 monkey.patch_all()
 
-import argparse  # noqa: E402
-import errno  # noqa: E402
-import hashlib  # noqa: E402
-import http  # noqa: E402
-import json  # noqa: E402
-import socket  # noqa: E402
-import struct  # noqa: E402
-import sys  # noqa: E402
-import time  # noqa: E402
-from collections.abc import Callable, Iterable, Iterator  # noqa: E402
-from typing import Any  # noqa: E402
-from urllib.parse import parse_qs  # noqa: E402
+import argparse
+import errno
+import hashlib
+import http
+import json
+import socket
+import struct
+import sys
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+from urllib.parse import parse_qs
 
-import gevent  # noqa: E402
-from gevent import pywsgi  # noqa: E402
+import gevent
+from gevent import pywsgi
 
 StartResponse = Callable[..., Any]
 Environ = dict[str, Any]
@@ -328,9 +328,7 @@ class Backend:
                 # Let the peer read what was sent before the reset discards it.
                 gevent.sleep(_int(q, "after_ms", 100) / 1000.0)
                 if q.get("hard", "1") != "0":
-                    handler.socket.setsockopt(
-                        socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0)
-                    )
+                    handler.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         except OSError:
             pass
         finally:

@@ -71,9 +71,7 @@ def pod_factory() -> Iterator[Callable[..., list[Pod]]]:
 
 
 @pytest.fixture
-def activator_factory(
-    request: pytest.FixtureRequest, tmp_path: Path
-) -> Iterator[Callable[..., Activator]]:
+def activator_factory(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Callable[..., Activator]]:
     """``activator_factory(config, **Activator kwargs) -> Activator`` (started and ready
     unless told otherwise), its work dir under ``tmp_path``; all killed at teardown."""
     import harness

@@ -1,19 +1,25 @@
-"""Helpers for end-to-end tests: real processes, real sockets, all on 127.0.0.1.
+"""Helpers for end-to-end tests and benchmarks: real processes, real sockets, all on 127.0.0.1.
 
 What this module decides, and its rules:
 
-- Every process is started through :func:`spawn`: in its own session (so a whole process
-  group, workers included, can be killed), registered for a kill at interpreter exit,
-  and, when started from the main thread on Linux, with a parent-death signal so that
-  even a SIGKILLed pytest leaves no orphan behind. ``Pod`` and ``Activator`` are context
-  managers that always kill what they started.
+- Every process is started as a :class:`Process` (through :func:`spawn`): in its own
+  session (so a whole process group, workers included, can be killed), registered for a
+  kill at interpreter exit, and, when started from the main thread on Linux, with a
+  parent-death signal so that even a SIGKILLed pytest (or benchmark run) leaves no
+  orphan behind; its stdout and stderr go to files. ``Pod`` and ``Activator`` are
+  context managers that always kill what they started. The benchmarks (``bench/``)
+  start their servers through this module too.
 - The activator under test is ``[sys.executable, "-m", "activator"]`` unless the
-  environment variable ``ACTIVATOR_BIN`` names a built executable; then the same tests
-  run against it (``[ACTIVATOR_BIN, "run", "-c", PATH]``).
+  environment variable ``ACTIVATOR_BIN`` names a built executable (or a command line);
+  then the same tests run against it (``[ACTIVATOR_BIN, "run", "-c", PATH]``).
 - Asynchronous effects are waited for by polling a condition with a generous timeout
-  (:meth:`Activator.wait_for`, :func:`wait_until`, the receivers' ``wait_for``), never
-  by sleeping a fixed time, and no test asserts on elapsed time: these machines are
+  (:meth:`Activator.wait_for`, :func:`wait_until`, :func:`wait_http`, the receivers'
+  ``wait_for``), never by sleeping a fixed time; a wait on a server fails at once when
+  the server's process exits. No test asserts on elapsed time: these machines are
   noisy.
+- Configs for the tests' activators come from :func:`make_config` and
+  :func:`service_config`; "every count back to zero" is :func:`is_idle`
+  (:meth:`Activator.wait_idle`).
 - HTTP clients use the stdlib ``http.client`` (blocking; use threads for concurrency,
   e.g. :func:`concurrent_requests`). Nothing here imports or patches gevent.
 """
@@ -25,6 +31,8 @@ import contextlib
 import http.client
 import json
 import os
+import re
+import shlex
 import shutil
 import signal
 import socket
@@ -37,8 +45,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
-from typing import Any, Literal, NamedTuple, TypeVar, overload
+from typing import Any, Literal, NamedTuple, Protocol, Self, TypeVar, overload
 from urllib.parse import urlsplit
 
 import yaml
@@ -50,6 +57,8 @@ LOCALHOST = "127.0.0.1"
 
 #: Default for HTTP client timeouts, and for waits on asynchronous effects.
 DEFAULT_TIMEOUT = 30.0
+#: The one service of :func:`make_config`.
+SERVICE = "api"
 
 T = TypeVar("T")
 Config = Mapping[str, Any] | str
@@ -59,21 +68,34 @@ class HarnessError(AssertionError):
     """A process or condition the test relies on did not come about (shown as a failure)."""
 
 
+class Closing:
+    """``with`` for an object whose :meth:`close` ends everything it started or opened."""
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 # --------------------------------------------------------------------------------------
 # ports and polling
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    return free_ports(1)[0]
+def free_port(kind: int = socket.SOCK_STREAM) -> int:
+    """A port on 127.0.0.1 that was free a moment ago (TCP, or ``socket.SOCK_DGRAM``)."""
+    return free_ports(1, kind)[0]
 
 
-def free_ports(n: int) -> list[int]:
+def free_ports(n: int, kind: int = socket.SOCK_STREAM) -> list[int]:
     """``n`` distinct free ports (all held open together while they are picked)."""
     socks: list[socket.socket] = []
     try:
         for _ in range(n):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s = socket.socket(socket.AF_INET, kind)
             s.bind((LOCALHOST, 0))
             socks.append(s)
         return [s.getsockname()[1] for s in socks]
@@ -83,7 +105,7 @@ def free_ports(n: int) -> list[int]:
 
 
 def wait_until(
-    predicate: Callable[[], T],
+    predicate: Callable[[], T | None],
     timeout: float = DEFAULT_TIMEOUT,
     interval: float = 0.05,
     message: str | Callable[[], str] = "",
@@ -91,7 +113,8 @@ def wait_until(
     """Poll ``predicate`` until it returns a truthy value, and return that value.
 
     Exceptions raised by the predicate count as "not yet" (the last one is reported),
-    except :class:`HarnessError`, which stops the wait at once. Raises :class:`HarnessError` after ``timeout`` seconds.
+    except :class:`HarnessError`, which stops the wait at once. Raises
+    :class:`HarnessError` after ``timeout`` seconds.
     """
     deadline = time.monotonic() + timeout
     last_exc: BaseException | None = None
@@ -102,7 +125,7 @@ def wait_until(
                 return value
         except HarnessError:
             raise
-        except Exception as exc:  # noqa: BLE001 - "not yet"
+        except Exception as exc:  # any other error means "not yet"; the last one is reported
             last_exc = exc
         if time.monotonic() >= deadline:
             text = message() if callable(message) else message
@@ -159,8 +182,9 @@ def spawn(
     return proc
 
 
-def kill_tree(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> int | None:
-    """SIGKILL the process and its process group (its workers); reap it."""
+def _reap(proc: subprocess.Popen[bytes], timeout: float) -> int | None:
+    """SIGKILL the process and whatever is left of its process group (its workers), wait
+    for it, stop tracking it; its exit code (None if it could not be reaped in time)."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
     with contextlib.suppress(ProcessLookupError):
@@ -174,43 +198,155 @@ def kill_tree(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> int | Non
     return code
 
 
-def _forget(proc: subprocess.Popen[bytes]) -> None:
-    """After a clean exit: kill leftovers of its group, stop tracking it."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    with _live_lock:
-        _live.discard(proc)
-
-
 def kill_all() -> None:
     """Kill every process this module started that is still tracked."""
     with _live_lock:
         procs = list(_live)
     for proc in procs:
-        kill_tree(proc, timeout=5.0)
+        _reap(proc, timeout=5.0)
 
 
 atexit.register(kill_all)
 
 
-def activator_command() -> list[str]:
-    """The activator CLI: ``$ACTIVATOR_BIN`` if set, else ``python -m activator``."""
-    binary = os.environ.get("ACTIVATOR_BIN")
-    if binary:
-        return [binary]
-    return [sys.executable, "-m", "activator"]
-
-
-def _child_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+def child_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment of every child: this one without the service manager's variables
+    (``NOTIFY_SOCKET``...), unbuffered Python, the repository on ``PYTHONPATH``; then
+    ``extra`` (which may replace ``PYTHONPATH``)."""
     env = dict(os.environ)
     for name in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "ACTIVATOR_CONFIG"):
         env.pop(name, None)
     env["PYTHONUNBUFFERED"] = "1"
-    env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p
-    )
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)
     env.update(extra or {})
     return env
+
+
+def _tail(name: str, stdout_path: Path, stderr_path: Path, chars: int) -> str:
+    def text(path: Path) -> str:
+        return path.read_text(errors="replace")[-chars:] if path.exists() else ""
+
+    return f"--- {name} stderr (tail)\n{text(stderr_path)}\n--- {name} stdout (tail)\n{text(stdout_path)}"
+
+
+class ProcessExited(HarnessError):
+    """A process ended while something waited for it; ``code`` is its exit code."""
+
+    def __init__(self, process: Process, waiting_for: str) -> None:
+        self.code = process.returncode
+        super().__init__(f"{process.name} exited with {self.code} {waiting_for}\n{process.output_tail()}")
+
+
+class Process:
+    """A command started by :func:`spawn` (its own process group, killed at exit), its
+    stdout and stderr appended to two files.
+
+    The one way a server is run here, by the tests (pods, activators) and by the
+    benchmarks (nginx, HAProxy, the load generator...). ``stop`` signals the process
+    itself, never its group: a supervisor stops its own workers, and what is left of the
+    group is SIGKILLed after.
+    """
+
+    def __init__(
+        self,
+        argv: Sequence[str],
+        *,
+        stdout_path: str | os.PathLike[str],
+        stderr_path: str | os.PathLike[str],
+        env: Mapping[str, str] | None = None,
+        cwd: str | os.PathLike[str] | None = None,
+        name: str | None = None,
+    ) -> None:
+        self.argv = list(argv)
+        self.name = name or os.path.basename(self.argv[0])
+        self.stdout_path = Path(stdout_path)
+        self.stderr_path = Path(stderr_path)
+        with open(self.stdout_path, "ab") as out, open(self.stderr_path, "ab") as err:
+            self.popen = spawn(self.argv, stdout=out, stderr=err, env=child_env(env), cwd=cwd)
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    @property
+    def returncode(self) -> int | None:
+        """The exit code once it exited (negative: killed by that signal), else None."""
+        return self.popen.poll()
+
+    def is_running(self) -> bool:
+        return self.popen.poll() is None
+
+    def check_running(self, waiting_for: str = "") -> None:
+        """Raise :class:`ProcessExited` (which stops a :func:`wait_until`) if it exited."""
+        if self.popen.poll() is not None:
+            raise ProcessExited(self, waiting_for)
+
+    def signal(self, sig: int) -> None:
+        """Send ``sig`` to the process (not to its group)."""
+        self.popen.send_signal(sig)
+
+    def wait(self, timeout: float = DEFAULT_TIMEOUT) -> int:
+        """Wait for the process to exit by itself (then kill what is left of its group);
+        its exit code. Fails, leaving it running, if it is still there after ``timeout``."""
+        try:
+            code = self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise HarnessError(f"{self.name} still running after {timeout}s\n{self.output_tail()}") from None
+        _reap(self.popen, 2.0)
+        return code
+
+    def stop(self, grace: float = 10.0, sig: int | None = None) -> int | None:
+        """``sig`` (default SIGTERM) to the process, up to ``grace`` seconds for it to
+        exit, then SIGKILL to whatever is left of its group. Its exit code, or None when
+        it did not exit within the grace period and was killed."""
+        if self.popen.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.popen.send_signal(signal.SIGTERM if sig is None else sig)
+            try:
+                self.popen.wait(grace)
+            except subprocess.TimeoutExpired:
+                _reap(self.popen, 10.0)
+                return None
+        _reap(self.popen, 2.0)
+        return self.popen.returncode
+
+    def kill(self) -> int | None:
+        """SIGKILL the process and its whole group; its exit code once reaped."""
+        return _reap(self.popen, 10.0)
+
+    def stdout_text(self) -> str:
+        return self.stdout_path.read_text(errors="replace") if self.stdout_path.exists() else ""
+
+    def stderr_text(self) -> str:
+        return self.stderr_path.read_text(errors="replace") if self.stderr_path.exists() else ""
+
+    def output_tail(self, chars: int = 4000) -> str:
+        return _tail(self.name, self.stdout_path, self.stderr_path, chars)
+
+    def wait_output(self, pattern: str, timeout: float = DEFAULT_TIMEOUT, interval: float = 0.01) -> re.Match[str]:
+        """Wait until a line of its stdout matches ``pattern`` (``re.search``, multiline);
+        that match. Fails at once with :class:`ProcessExited` if the process exits first."""
+        regex = re.compile(pattern, re.MULTILINE)
+
+        def found() -> re.Match[str] | None:
+            match = regex.search(self.stdout_text())
+            if match is None:
+                self.check_running(f"before printing {pattern!r}")
+            return match
+
+        return wait_until(found, timeout=timeout, interval=interval, message=f"{self.name} to print {pattern!r}")
+
+    def __repr__(self) -> str:
+        return f"Process({self.name!r}, pid={self.pid})"
+
+
+def activator_command() -> list[str]:
+    """The activator CLI: ``$ACTIVATOR_BIN`` if set (a path to an executable, or a
+    command line such as ``python -m activator``), else ``python -m activator``."""
+    binary = os.environ.get("ACTIVATOR_BIN")
+    if not binary:
+        return [sys.executable, "-m", "activator"]
+    return [binary] if os.path.exists(binary) else shlex.split(binary)
 
 
 def run_cli(
@@ -227,10 +363,29 @@ def run_cli(
         capture_output=True,
         text=True,
         timeout=timeout,
-        env=_child_env(env),
+        env=child_env(env),
         cwd=cwd,
         check=False,
     )
+
+
+def rss_kib(pid: int) -> int:
+    """The resident set size of a running process, in KiB (from ``/proc``)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    raise HarnessError(f"no VmRSS for process {pid}: not running?")
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Replace ``path`` like an editor does: write a temporary file beside it, rename it over."""
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 # --------------------------------------------------------------------------------------
@@ -389,7 +544,7 @@ def send_raw(target: str, data: bytes, timeout: float = DEFAULT_TIMEOUT) -> sock
 
 def read_all(sock: socket.socket) -> bytes:
     """Read until the peer closes (or the socket's timeout, which raises)."""
-    chunks = []
+    chunks: list[bytes] = []
     while True:
         chunk = sock.recv(65536)
         if not chunk:
@@ -397,7 +552,27 @@ def read_all(sock: socket.socket) -> bytes:
         chunks.append(chunk)
 
 
-class Client:
+def parse_head(data: bytes) -> tuple[int, dict[str, str]]:
+    """The status and headers (lower-case names) of the response head that ``data`` starts
+    with (its empty line and what follows are ignored)."""
+    lines = data.split(b"\r\n\r\n", 1)[0].decode("latin-1").split("\r\n")
+    m = re.match(r"HTTP/1\.[01] (\d{3})(?: |$)", lines[0])
+    assert m, f"not an HTTP response: {data[:200]!r}"
+    headers = {}
+    for line in lines[1:]:
+        name, _, value = line.partition(":")
+        headers[name.strip().lower()] = value.strip()
+    return int(m.group(1)), headers
+
+
+def activator_reason(resp: Response | http.client.HTTPResponse) -> str | None:
+    """``X-Activator-Reason``: set on the activator's own answers, absent on a pod's."""
+    if isinstance(resp, http.client.HTTPResponse):
+        return resp.getheader("X-Activator-Reason")
+    return resp.headers.get("X-Activator-Reason")
+
+
+class Client(Closing):
     """A keep-alive client: every request reuses one connection (reconnects if closed)."""
 
     def __init__(self, target: str, timeout: float = DEFAULT_TIMEOUT, *, host: str | None = None):
@@ -420,12 +595,6 @@ class Client:
 
     def close(self) -> None:
         self.conn.close()
-
-    def __enter__(self) -> Client:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 @overload
@@ -490,15 +659,60 @@ def download_pattern(size: int) -> bytes:
     return (block * (size // 251 + 1))[:size]
 
 
+def json_request(target: str, method: str = "GET", path: str | None = None, timeout: float = 10.0) -> Any:
+    """A control request (a pod's ``/_stats``, an admin ``/status``...): its JSON body.
+    Fails unless the answer is 200."""
+    resp = request(target, method, path, timeout=timeout)
+    if resp.status != 200:
+        raise HarnessError(f"{method} {path or target}: {resp.status} {resp.text}")
+    return resp.json()
+
+
+# --------------------------------------------------------------------------------------
+# waiting for a server
+
+
+def wait_listening(target: str, *, process: Process | None = None, timeout: float = DEFAULT_TIMEOUT) -> None:
+    """Wait until ``target`` (``host:port``) accepts a TCP connection. Fails at once when
+    ``process``, the server, exits."""
+    host, port, _ = _split_target(target, "/")
+
+    def accepts() -> bool:
+        if process is not None:
+            process.check_running(f"before {target} accepted connections")
+        with socket.create_connection((host, port), timeout=1.0):
+            return True
+
+    wait_until(accepts, timeout=timeout, message=f"{target} to accept connections")
+
+
+def wait_http(
+    target: str, path: str = "/", *, process: Process | None = None, timeout: float = DEFAULT_TIMEOUT
+) -> Response:
+    """Wait until ``GET path`` on ``target`` answers 200; that response. Fails at once
+    when ``process``, the server, exits."""
+
+    def answers() -> Response | None:
+        if process is not None:
+            process.check_running(f"before {target}{path} answered")
+        resp = request(target, "GET", path, timeout=2.0)
+        return resp if resp.status == 200 else None
+
+    return wait_until(answers, timeout=timeout, message=f"GET {target}{path} to answer 200")
+
+
 # --------------------------------------------------------------------------------------
 # pods
 
 
-class Pod:
+class Pod(Closing):
     """``tests/backend.py`` as a subprocess on 127.0.0.1.
 
     ``port=None`` lets the backend pick a free port itself (no race); ``restart()`` comes
-    back on the same port. Logs go to files in a temp dir (``log_text()``).
+    back on the same port. Its output goes to files in ``workdir`` (a temp dir removed at
+    :meth:`close` when none is given; ``log_text()``). ``host`` is the address it listens
+    on (``0.0.0.0``: every loopback address too); ``wrapper`` goes in front of its
+    command (the benchmarks' ``taskset``).
     """
 
     def __init__(
@@ -508,51 +722,58 @@ class Pod:
         fail_health: bool = False,
         start: bool = True,
         ready_timeout: float = 15.0,
+        workdir: str | os.PathLike[str] | None = None,
+        host: str = LOCALHOST,
+        wrapper: Sequence[str] = (),
     ) -> None:
         self.port: int | None = port
         self.fail_health = fail_health
         self.ready_timeout = ready_timeout
-        self.dir = Path(tempfile.mkdtemp(prefix="pod-"))
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.host = host
+        self.wrapper = list(wrapper)
+        self._own_dir = workdir is None
+        self.dir = Path(workdir) if workdir is not None else Path(tempfile.mkdtemp(prefix="pod-"))
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._process: Process | None = None
         self._runs = 0
         if start:
             self.start()
 
     # lifecycle
 
+    @property
+    def process(self) -> Process:
+        """The current run's process."""
+        if self._process is None:
+            raise HarnessError("pod not started")
+        return self._process
+
     def launch(self) -> None:
         """Start the process without waiting for READY (see :meth:`wait_ready`)."""
-        if self.proc is not None and self.proc.poll() is None:
+        if self.is_running():
             raise HarnessError(f"pod {self.address} already running")
         self._runs += 1
-        self._out = self.dir / f"stdout.{self._runs}"
-        err = self.dir / f"stderr.{self._runs}"
-        argv = [sys.executable, str(BACKEND), "--host", LOCALHOST, "--port", str(self.port or 0)]
+        argv = [*self.wrapper, sys.executable, str(BACKEND), "--host", self.host, "--port", str(self.port or 0)]
         if self.fail_health:
             argv.append("--fail-health")
-        with open(self._out, "wb") as out, open(err, "wb") as errf:
-            self.proc = spawn(argv, stdout=out, stderr=errf, env=_child_env())
+        self._process = Process(
+            argv,
+            stdout_path=self.dir / f"stdout.{self._runs}",
+            stderr_path=self.dir / f"stderr.{self._runs}",
+            name="pod",
+        )
 
     def wait_ready(self) -> None:
-        """Wait for ``READY <port>``; raises if the process exits first."""
-        proc = self.proc
-        assert proc is not None
-
-        def ready() -> bool:
-            for line in self._out.read_text(errors="replace").splitlines():
-                if line.startswith("READY "):
-                    self.port = int(line.split()[1])
-                    return True
-            if proc.poll() is not None:
-                raise _Exited(proc.returncode)
-            return False
-
-        deadline = time.monotonic() + self.ready_timeout
-        while not ready():
-            if time.monotonic() > deadline:
-                kill_tree(proc)
-                raise HarnessError(f"pod did not become ready:\n{self.log_text()}")
-            time.sleep(0.01)
+        """Wait for ``READY <port>``; raises :class:`ProcessExited` if the process exits first."""
+        process = self.process
+        try:
+            ready = process.wait_output(r"^READY (\d+)$", timeout=self.ready_timeout)
+        except ProcessExited:
+            raise
+        except HarnessError:
+            process.kill()
+            raise HarnessError(f"pod did not become ready:\n{self.log_text()}") from None
+        self.port = int(ready.group(1))
 
     def start(self) -> Pod:
         """Launch and wait for READY. On a fixed port, retries while the port is busy
@@ -563,34 +784,23 @@ class Pod:
             try:
                 self.wait_ready()
                 return self
-            except _Exited as exc:
+            except ProcessExited as exc:
                 if self.port and time.monotonic() < deadline:
                     time.sleep(0.1)
                     continue
-                raise HarnessError(
-                    f"pod exited with {exc.code} before READY:\n{self.log_text()}"
-                ) from None
+                raise HarnessError(f"pod exited with {exc.code} before READY:\n{self.log_text()}") from None
 
     def stop(self, timeout: float = 10.0) -> int | None:
-        """SIGTERM and wait (SIGKILL if it lingers). The port then refuses connections."""
-        proc = self.proc
-        if proc is None:
+        """SIGTERM and wait (SIGKILL if it lingers); its exit code. The port then refuses
+        connections."""
+        if self._process is None:
             return None
-        if proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                proc.terminate()
-            try:
-                proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                return kill_tree(proc)
-        _forget(proc)
-        return proc.returncode
+        self._process.stop(grace=timeout)
+        return self._process.returncode
 
     def kill(self) -> int | None:
         """SIGKILL: connections in flight are reset by the kernel."""
-        if self.proc is None:
-            return None
-        return kill_tree(self.proc)
+        return None if self._process is None else self._process.kill()
 
     def restart(self) -> Pod:
         """Stop, then start again on the same port (its stats start from zero)."""
@@ -598,23 +808,13 @@ class Pod:
         return self.start()
 
     def is_running(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
+        return self._process is not None and self._process.is_running()
 
     def close(self) -> None:
         """Kill the process and remove the temp dir."""
         self.kill()
-        shutil.rmtree(self.dir, ignore_errors=True)
-
-    def __enter__(self) -> Pod:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
+        if self._own_dir:
+            shutil.rmtree(self.dir, ignore_errors=True)
 
     # addresses and control
 
@@ -633,28 +833,22 @@ class Pod:
     def url(self, path: str = "/") -> str:
         return f"http://{self.address}{path}"
 
-    def _control(self, method: str, path: str) -> Any:
-        resp = request(self.address, method, path, timeout=10.0)
-        if resp.status != 200:
-            raise HarnessError(f"pod {self.address} {method} {path}: {resp.status} {resp.text}")
-        return resp.json()
-
     def stats(self) -> dict[str, Any]:
         """``{"in_flight", "peak", "count", "paths", "request_ids", "healthy"}``."""
-        result: dict[str, Any] = self._control("GET", "/_stats")
+        result: dict[str, Any] = json_request(self.address, "GET", "/_stats")
         return result
 
     def reset(self) -> None:
         """Zero count, paths and request ids; the peak restarts from what is in flight."""
-        self._control("POST", "/_reset")
+        json_request(self.address, "POST", "/_reset")
 
     def set_health(self, ok: bool) -> None:
         """``/healthz`` answers 200 (ok) or 503."""
-        self._control("POST", f"/_health?ok={int(ok)}")
+        json_request(self.address, "POST", f"/_health?ok={int(ok)}")
 
     def set_health_hang(self, hang: bool) -> None:
         """``/healthz`` accepts and never answers (probe timeout), or answers again."""
-        self._control("POST", f"/_health?hang={int(hang)}")
+        json_request(self.address, "POST", f"/_health?hang={int(hang)}")
 
     def log_text(self) -> str:
         parts = []
@@ -664,12 +858,6 @@ class Pod:
 
     def __repr__(self) -> str:
         return f"Pod({self.port})"
-
-
-class _Exited(Exception):
-    def __init__(self, code: int | None) -> None:
-        super().__init__(code)
-        self.code = code
 
 
 def start_pods(n: int, *, fail_health: bool = False) -> list[Pod]:
@@ -688,7 +876,7 @@ def start_pods(n: int, *, fail_health: bool = False) -> list[Pod]:
 
 
 # --------------------------------------------------------------------------------------
-# the activator under test
+# the activator under test: configs, /status
 
 
 def _parse_yaml(text: str) -> Any:
@@ -712,11 +900,60 @@ def render_config(config: Config, defaults: Mapping[str, Any]) -> str:
         if not missing:
             return config
         sep = "" if config.endswith("\n") or not config else "\n"
-        return config + sep + yaml.safe_dump(missing, default_flow_style=False, sort_keys=False)
+        appended: str = yaml.safe_dump(missing, default_flow_style=False, sort_keys=False)
+        return config + sep + appended
     data = dict(config)
     for k, v in defaults.items():
         data.setdefault(k, v)
-    return yaml.safe_dump(data, default_flow_style=False, sort_keys=False)
+    text: str = yaml.safe_dump(data, default_flow_style=False, sort_keys=False)
+    return text
+
+
+class Addressed(Protocol):
+    """A pod of any kind (:class:`Pod`, a test's own server): its ``host:port``."""
+
+    @property
+    def address(self) -> str: ...
+
+
+PodEntry = Addressed | str | Mapping[str, Any]
+
+
+def pod_entry(pod: Addressed | str, drain: bool = False) -> str | dict[str, Any]:
+    """A pod as a service lists it: its address, or ``{address, drain: true}``."""
+    address = pod if isinstance(pod, str) else pod.address
+    return {"address": address, "drain": True} if drain else address
+
+
+def service_config(pods: Iterable[PodEntry], **options: Any) -> dict[str, Any]:
+    """One service's entry: every host (``*``), ``container_concurrency`` 1, no probe,
+    over ``pods`` (a pod object is written as its address; an address or a mapping such
+    as ``{"address": ..., "drain": True}`` as given). ``options`` are more keys of the
+    entry, as the file spells them (``hosts``, ``lb_policy``...), and win over those."""
+    entries = [pod if isinstance(pod, str | Mapping) else pod.address for pod in pods]
+    return {"hosts": ["*"], "container_concurrency": 1, "probe": None, **options, "pods": entries}
+
+
+def probe_config(interval: str = "200ms", **options: Any) -> dict[str, Any]:
+    """An active probe of ``/healthz`` every ``interval``: a 1 s timeout, healthy after one
+    success, unhealthy after two failures; ``options`` change or add keys."""
+    return {
+        "path": "/healthz",
+        "interval": interval,
+        "timeout": "1s",
+        "healthy_after": 1,
+        "unhealthy_after": 2,
+        **options,
+    }
+
+
+def make_config(
+    pods: Iterable[PodEntry], *, service: str = SERVICE, top: Mapping[str, Any] | None = None, **options: Any
+) -> dict[str, Any]:
+    """A config of one service, ``service``, over ``pods`` (``service_config(pods,
+    **options)``), the access log off; ``top`` adds or replaces top-level keys
+    (``limits``, ``grace_period``, ``access_log``...)."""
+    return {"access_log": False, **(top or {}), "services": {service: service_config(pods, **options)}}
 
 
 def find_pod(status: Mapping[str, Any], service: str, address: str) -> dict[str, Any] | None:
@@ -737,13 +974,26 @@ def pod_state(status: Mapping[str, Any], service: str, address: str) -> str | No
     return None if pod is None else pod.get("state")
 
 
-class Activator:
+def is_idle(status: Mapping[str, Any], service: str | None = None) -> bool:
+    """Nothing queued or in flight in ``service`` (None: in any service), nor on any of
+    its pods, per ``/status``: where every count returns once the load is over (a slot
+    that was never released never gets there)."""
+    services = status["services"]
+    chosen = services.values() if service is None else [services[service]]
+    return all(s["in_flight"] == 0 and s["queued"] == 0 and all(p["in_flight"] == 0 for p in s["pods"]) for s in chosen)
+
+
+class Activator(Closing):
     """``activator run -c PATH`` as a subprocess, with its config in a work dir.
 
     ``config`` is a dict or YAML text; ``listen`` and ``admin`` default to free ports on
     127.0.0.1 (pass ``admin: None`` to disable the admin API: readiness is then the proxy
     port accepting connections). With ``use_symlink=True`` the config path is a symlink
     and :meth:`swap_symlink` changes its target atomically.
+
+    ``command`` is the CLI to run (default :func:`activator_command`: ``$ACTIVATOR_BIN``
+    or this tree), ``cwd`` its working directory (default the work dir), ``wrapper`` what
+    goes in front of it (the benchmarks' ``taskset``).
     """
 
     def __init__(
@@ -758,6 +1008,9 @@ class Activator:
         ready_timeout: float = 20.0,
         use_symlink: bool = False,
         filename: str = "activator.yaml",
+        command: Sequence[str] | None = None,
+        cwd: str | os.PathLike[str] | None = None,
+        wrapper: Sequence[str] = (),
     ) -> None:
         self._own_dir = workdir is None
         self.dir = Path(workdir) if workdir is not None else Path(tempfile.mkdtemp(prefix="activator-"))
@@ -767,8 +1020,11 @@ class Activator:
         self.extra_args = list(extra_args)
         self.ready_timeout = ready_timeout
         self.use_symlink = use_symlink
+        self.cli = list(command) if command is not None else activator_command()
+        self.cwd = Path(cwd) if cwd is not None else self.dir
+        self.wrapper = list(wrapper)
         self._versions = 0
-        self.proc: subprocess.Popen[bytes] | None = None
+        self._process: Process | None = None
         self.stdout_path = self.dir / "stdout.log"
         self.stderr_path = self.dir / "stderr.log"
 
@@ -778,10 +1034,10 @@ class Activator:
             "admin": f"{LOCALHOST}:{admin_port}",
         }
         text = render_config(config, self._defaults)
-        parsed = _parse_yaml(text)
-        if isinstance(parsed, dict):
+        written = {**self._defaults, **config} if isinstance(config, Mapping) else _parse_yaml(text)
+        if isinstance(written, dict):
             # What was actually written wins (a test may give its own listen/admin).
-            self._defaults = {"listen": parsed.get("listen"), "admin": parsed.get("admin")}
+            self._defaults = {"listen": written.get("listen"), "admin": written.get("admin")}
         if use_symlink:
             self.swap_symlink(text)
         else:
@@ -801,6 +1057,11 @@ class Activator:
         return str(self._defaults["listen"])
 
     @property
+    def port(self) -> int:
+        """The proxy's port."""
+        return _host_port(self.listen)[1]
+
+    @property
     def admin(self) -> str | None:
         """The admin API's ``host:port`` (None when disabled)."""
         admin = self._defaults["admin"]
@@ -817,31 +1078,40 @@ class Activator:
     # lifecycle
 
     def command(self) -> list[str]:
-        return [*activator_command(), "run", "-c", str(self.config_path), *self.extra_args]
+        return [*self.wrapper, *self.cli, "run", "-c", str(self.config_path), *self.extra_args]
 
     def start(self, wait_ready: bool = True) -> Activator:
-        if self.proc is not None and self.proc.poll() is None:
+        if self.is_running():
             raise HarnessError("activator already running")
-        with open(self.stdout_path, "ab") as out, open(self.stderr_path, "ab") as err:
-            self.proc = spawn(
-                self.command(), stdout=out, stderr=err, env=_child_env(self.env), cwd=self.dir
-            )
+        self._process = Process(
+            self.command(),
+            stdout_path=self.stdout_path,
+            stderr_path=self.stderr_path,
+            env=self.env,
+            cwd=self.cwd,
+            name="activator",
+        )
         if wait_ready:
             self.wait_ready()
         return self
 
     @property
-    def pid(self) -> int:
-        if self.proc is None:
+    def process(self) -> Process:
+        """The running (or last) activator process."""
+        if self._process is None:
             raise HarnessError("activator not started")
-        return self.proc.pid
+        return self._process
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
 
     @property
     def returncode(self) -> int | None:
-        return None if self.proc is None else self.proc.poll()
+        return None if self._process is None else self._process.returncode
 
     def is_running(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
+        return self._process is not None and self._process.is_running()
 
     def is_ready(self) -> bool:
         """``/readyz`` is 200 (or, with no admin API, the proxy port accepts)."""
@@ -854,22 +1124,26 @@ class Activator:
             return False
 
     def wait_ready(self, timeout: float | None = None) -> None:
-        """Wait for readiness; fail with the captured stderr if it exits or times out."""
+        """Wait for readiness; fail with the captured output if it exits or times out
+        (then it is killed)."""
         timeout = self.ready_timeout if timeout is None else timeout
-        deadline = time.monotonic() + timeout
-        while not self.is_ready():
-            if not self.is_running():
-                raise HarnessError(
-                    f"activator exited with {self.returncode} before ready\n{self.output_tail()}"
-                )
-            if time.monotonic() > deadline:
-                self.kill()
-                raise HarnessError(f"activator not ready within {timeout}s\n{self.output_tail()}")
-            time.sleep(0.05)
+        process = self.process
+
+        def ready() -> bool:
+            process.check_running("before ready")
+            return self.is_ready()
+
+        try:
+            wait_until(ready, timeout=timeout, interval=0.05)
+        except ProcessExited:
+            raise
+        except HarnessError:
+            self.kill()
+            raise HarnessError(f"activator not ready within {timeout}s\n{self.output_tail()}") from None
 
     def signal(self, sig: int) -> None:
         """Send ``sig`` to the activator's main process."""
-        os.kill(self.pid, sig)
+        self.process.signal(sig)
 
     def reload(self) -> None:
         """SIGHUP: force a re-read of the config file."""
@@ -877,51 +1151,26 @@ class Activator:
 
     def wait(self, timeout: float = DEFAULT_TIMEOUT) -> int:
         """Wait for the process to exit by itself; its exit code."""
-        assert self.proc is not None
-        try:
-            code = self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            raise HarnessError(
-                f"activator still running after {timeout}s\n{self.output_tail()}"
-            ) from None
-        _forget(self.proc)
-        return code
+        return self.process.wait(timeout)
 
     def stop(self, timeout: float = 60.0) -> int:
         """SIGTERM, wait for the exit (grace period included); its exit code.
 
         If it is still running after ``timeout`` it is killed and this fails."""
-        if self.proc is None:
-            raise HarnessError("activator not started")
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.wait(timeout)
-        except HarnessError:
-            self.kill()
-            raise
+        code = self.process.stop(grace=timeout)
+        if code is None:
+            raise HarnessError(f"activator still running after {timeout}s (killed)\n{self.output_tail()}")
+        return code
 
     def kill(self) -> None:
         """SIGKILL the activator and its whole process group."""
-        if self.proc is not None:
-            kill_tree(self.proc)
+        if self._process is not None:
+            self._process.kill()
 
     def close(self) -> None:
         self.kill()
         if self._own_dir:
             shutil.rmtree(self.dir, ignore_errors=True)
-
-    def __enter__(self) -> Activator:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     # admin API
 
@@ -948,13 +1197,10 @@ class Activator:
         that status. Exceptions in the predicate (a service not there yet) mean "not yet".
         On timeout, fails showing the last status and the activator's output."""
         last: list[dict[str, Any]] = []
+        process = self.process
 
         def check() -> dict[str, Any] | None:
-            if not self.is_running():
-                raise HarnessError(
-                    f"activator exited with {self.returncode} while waiting: {message}\n"
-                    f"{self.output_tail()}"
-                )
+            process.check_running(f"while waiting: {message}")
             st = self.status()
             last[:] = [st]
             return st if predicate(st) else None
@@ -964,6 +1210,13 @@ class Activator:
             return f"{message}\nlast /status: {shown}\n{self.output_tail()}"
 
         return wait_until(check, timeout=timeout, interval=0.05, message=describe)
+
+    def wait_idle(
+        self, service: str | None = None, timeout: float = DEFAULT_TIMEOUT, message: str = "every count back to zero"
+    ) -> dict[str, Any]:
+        """Wait until :func:`is_idle` (``service``, or every service): nothing queued or
+        in flight anywhere, which a slot that was never released prevents; that status."""
+        return self.wait_for(lambda st: is_idle(st, service), timeout, message=message)
 
     def wait_pod_state(
         self, service: str, address: str, state: str | None, timeout: float = DEFAULT_TIMEOUT
@@ -985,9 +1238,7 @@ class Activator:
         if self.use_symlink:
             self.swap_symlink(config)
             return
-        tmp = self.config_path.with_name(f".{self.config_path.name}.tmp{os.getpid()}")
-        tmp.write_text(self._text(config))
-        os.replace(tmp, self.config_path)
+        write_atomic(self.config_path, self._text(config))
 
     def write_config_in_place(self, config: Config) -> None:
         """Truncate and rewrite the same inode (like ``cat > file``)."""
@@ -1019,10 +1270,7 @@ class Activator:
         return self.stderr_path.read_text(errors="replace") if self.stderr_path.exists() else ""
 
     def output_tail(self, chars: int = 4000) -> str:
-        return (
-            f"--- activator stderr (tail)\n{self.stderr_text()[-chars:]}\n"
-            f"--- activator stdout (tail)\n{self.stdout_text()[-chars:]}"
-        )
+        return _tail("activator", self.stdout_path, self.stderr_path, chars)
 
 
 def _host_port(address: str) -> tuple[str, int]:
@@ -1071,7 +1319,7 @@ def parse_statsd_line(line: str) -> TaggedMetric | None:
     return TaggedMetric(name, value, fields[1], rate, tags)
 
 
-class _DatagramReceiver:
+class _DatagramReceiver(Closing):
     """A bound datagram socket read by a daemon thread into a list."""
 
     def __init__(self, sock: socket.socket) -> None:
@@ -1153,9 +1401,7 @@ class StatsdReceiver(_DatagramReceiver):
     def names(self) -> set[str]:
         return {m.name for m in self.metrics()}
 
-    def wait_for(
-        self, predicate: Callable[[list[str]], Any], timeout: float = DEFAULT_TIMEOUT
-    ) -> list[str]:
+    def wait_for(self, predicate: Callable[[list[str]], Any], timeout: float = DEFAULT_TIMEOUT) -> list[str]:
         """Poll until ``predicate(lines)`` is truthy; return those lines."""
         last: list[list[str]] = [[]]
 
@@ -1169,24 +1415,14 @@ class StatsdReceiver(_DatagramReceiver):
 
         return wait_until(check, timeout=timeout, message=describe)
 
-    def wait_for_metric(
-        self, name: str, type: str | None = None, timeout: float = DEFAULT_TIMEOUT
-    ) -> Metric:
+    def wait_for_metric(self, name: str, type: str | None = None, timeout: float = DEFAULT_TIMEOUT) -> Metric:
         """Wait until a line for ``name`` (and ``type``) arrived; return the last such."""
 
         def found() -> Metric | None:
             hits = [m for m in self.metrics() if m.name == name and (type is None or m.type == type)]
             return hits[-1] if hits else None
 
-        return wait_until(
-            found, timeout=timeout, message=lambda: f"metric {name}; names seen: {sorted(self.names())}"
-        )
-
-    def __enter__(self) -> StatsdReceiver:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+        return wait_until(found, timeout=timeout, message=lambda: f"metric {name}; names seen: {sorted(self.names())}")
 
 
 class NotifySocket(_DatagramReceiver):
@@ -1223,16 +1459,8 @@ class NotifySocket(_DatagramReceiver):
         def found() -> str | None:
             return next((m for m in self.messages() if text in m), None)
 
-        return wait_until(
-            found, timeout=timeout, message=lambda: f"{text!r} in sd_notify messages {self.messages()}"
-        )
+        return wait_until(found, timeout=timeout, message=lambda: f"{text!r} in sd_notify messages {self.messages()}")
 
     def close(self) -> None:
         super().close()
         shutil.rmtree(self._dir, ignore_errors=True)
-
-    def __enter__(self) -> NotifySocket:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

@@ -1,9 +1,11 @@
-"""Self-tests of the e2e test pod (``tests/backend.py``) and the harness receivers.
+"""Self-tests of the e2e test pod (``tests/backend.py``) and of the harness (its processes,
+waits, config builders and receivers).
 
 The e2e tests trust the pod's own record of its concurrency, so this module proves that
 record right (concurrent requests raise the peak, sequential ones do not) and proves the
 pod can fail the ways the e2e tests need (unhealthy, hanging, garbage, reset mid-body).
 No activator is involved; waits poll a condition, and no assertion is about elapsed time.
+The process tests run small Python children that print what the test then checks.
 """
 
 from __future__ import annotations
@@ -12,23 +14,37 @@ import hashlib
 import http.client
 import json
 import os
+import signal
 import socket
+import sys
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
-
 from harness import (
+    SERVICE,
     Client,
     HarnessError,
     NotifySocket,
     Pod,
+    Process,
+    ProcessExited,
     StatsdReceiver,
+    activator_command,
     concurrent_requests,
     download_pattern,
     free_ports,
+    is_idle,
+    json_request,
+    make_config,
+    pod_entry,
+    probe_config,
     request,
     start_request,
     stream,
+    wait_http,
+    wait_listening,
     wait_until,
 )
 
@@ -78,9 +94,7 @@ def test_sequential_requests_keep_peak_one(pod: Pod) -> None:
 
 
 def test_concurrent_requests_helper_returns_results_in_order(pod: Pod) -> None:
-    results = concurrent_requests(
-        4, lambda i: request(pod.address, "GET", f"/echo?i={i}").json()["query"]
-    )
+    results = concurrent_requests(4, lambda i: request(pod.address, "GET", f"/echo?i={i}").json()["query"])
     assert results == ["i=0", "i=1", "i=2", "i=3"]
     assert 1 <= pod.stats()["peak"] <= 4
 
@@ -251,3 +265,161 @@ def test_notify_socket_collects_datagrams() -> None:
         assert ns.assignments() == ["READY=1", "STATUS=serving", "WATCHDOG=1"]
         assert ns.env()["NOTIFY_SOCKET"] == ns.path
     assert json.dumps(ns.messages())  # still readable after close
+
+
+# --------------------------------------------------------------------------------------
+# the harness: processes, waits, configs
+
+
+def _python(tmp_path: Path, code: str, name: str = "child") -> Process:
+    return Process(
+        [sys.executable, "-c", code],
+        stdout_path=tmp_path / f"{name}.out",
+        stderr_path=tmp_path / f"{name}.err",
+        name=name,
+    )
+
+
+def _gone(pid: int) -> bool:
+    """No such process any more (or only its zombie, waiting for its new parent)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+# A parent that starts a child in its own process group, prints the child's pid, and
+# waits; the child would outlive it by a minute.
+_PARENT_AND_CHILD = """
+import subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+print("CHILD", child.pid, flush=True)
+time.sleep(60)
+"""
+
+
+def test_process_stop_ends_the_process_and_its_group(tmp_path: Path) -> None:
+    proc = _python(tmp_path, _PARENT_AND_CHILD)
+    child = int(proc.wait_output(r"^CHILD (\d+)$").group(1))
+    assert os.getpgid(child) == proc.pid  # the process leads its own group
+    assert proc.stop(grace=10) == -signal.SIGTERM  # it exited on SIGTERM, in time
+    assert not proc.is_running()
+    wait_until(lambda: _gone(child), timeout=10, message="the child killed with the group")
+
+
+def test_process_stop_kills_what_ignores_the_signal(tmp_path: Path) -> None:
+    code = (
+        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('READY', flush=True); time.sleep(60)"
+    )
+    proc = _python(tmp_path, code)
+    proc.wait_output("^READY$")
+    assert proc.stop(grace=0.5) is None  # not exited within the grace period: killed
+    assert proc.returncode == -signal.SIGKILL
+
+
+def test_waits_on_a_process_fail_at_once_when_it_exits(tmp_path: Path) -> None:
+    proc = _python(tmp_path, "import sys; print('bye'); sys.exit(3)")
+    with pytest.raises(ProcessExited, match="exited with 3") as exc:
+        proc.wait_output("never printed", timeout=60)
+    assert exc.value.code == 3
+    assert "bye" in str(exc.value)  # the output tail comes with the failure
+    (port,) = free_ports(1)
+    with pytest.raises(ProcessExited):
+        wait_http(f"127.0.0.1:{port}", "/", process=proc, timeout=60)
+    with pytest.raises(ProcessExited):
+        wait_listening(f"127.0.0.1:{port}", process=proc, timeout=60)
+    assert proc.wait(timeout=10) == 3
+
+
+def test_wait_http_and_wait_listening_on_a_pod(pod: Pod) -> None:
+    wait_listening(pod.address, process=pod.process)
+    assert wait_http(pod.address, "/_stats", process=pod.process).json()["in_flight"] == 0
+    assert json_request(pod.address, "GET", "/_stats")["healthy"] is True
+    with pytest.raises(HarnessError, match="404"):
+        json_request(pod.address, "GET", "/status?code=404")
+
+
+def test_process_output_goes_to_its_files(tmp_path: Path) -> None:
+    proc = _python(tmp_path, "import sys; print('to stdout'); print('to stderr', file=sys.stderr)")
+    assert proc.wait(timeout=30) == 0
+    assert proc.stdout_text() == "to stdout\n"
+    assert proc.stderr_text() == "to stderr\n"
+    assert "--- child stderr (tail)\nto stderr" in proc.output_tail()
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (None, [sys.executable, "-m", "activator"]),
+        (sys.executable, [sys.executable]),  # a path to an executable: as is
+        ("python3 -m activator", ["python3", "-m", "activator"]),  # a command line: split
+    ],
+)
+def test_activator_command_honours_activator_bin(
+    monkeypatch: pytest.MonkeyPatch, value: str | None, expected: list[str]
+) -> None:
+    if value is None:
+        monkeypatch.delenv("ACTIVATOR_BIN", raising=False)
+    else:
+        monkeypatch.setenv("ACTIVATOR_BIN", value)
+    assert activator_command() == expected
+
+
+def test_make_config_and_its_options() -> None:
+    class Other:  # any pod-like object with an address
+        address = "127.0.0.1:2"
+
+    config = make_config(
+        ["127.0.0.1:1", Other(), pod_entry("127.0.0.1:3", drain=True)],
+        top={"limits": {"client_timeout": "1s"}},
+        lb_policy="first-available",
+        container_concurrency=2,
+    )
+    assert config == {
+        "access_log": False,
+        "limits": {"client_timeout": "1s"},
+        "services": {
+            SERVICE: {
+                "hosts": ["*"],
+                "container_concurrency": 2,
+                "probe": None,
+                "lb_policy": "first-available",
+                "pods": ["127.0.0.1:1", "127.0.0.1:2", {"address": "127.0.0.1:3", "drain": True}],
+            }
+        },
+    }
+    named = make_config([], service="other", top={"access_log": True}, probe=probe_config(interval="1s"))
+    assert named["access_log"] is True
+    assert named["services"]["other"]["probe"] == {
+        "path": "/healthz",
+        "interval": "1s",
+        "timeout": "1s",
+        "healthy_after": 1,
+        "unhealthy_after": 2,
+    }
+
+
+def _status(**counts: int) -> dict[str, Any]:
+    """A /status with services ``a`` and ``b``; ``counts`` like ``a_queued=1``, ``b_pod=1``."""
+    return {
+        "services": {
+            name: {
+                "in_flight": counts.get(f"{name}_in_flight", 0),
+                "queued": counts.get(f"{name}_queued", 0),
+                "pods": [{"address": "127.0.0.1:1", "in_flight": counts.get(f"{name}_pod", 0)}],
+            }
+            for name in ("a", "b")
+        }
+    }
+
+
+@pytest.mark.parametrize("busy", ["a_in_flight", "a_queued", "a_pod", "b_in_flight", "b_queued", "b_pod"])
+def test_is_idle_sees_every_count(busy: str) -> None:
+    assert is_idle(_status()) and is_idle(_status(), "a") and is_idle(_status(), "b")
+    status = _status(**{busy: 1})
+    assert not is_idle(status)
+    service = busy[0]
+    other = "b" if service == "a" else "a"
+    assert not is_idle(status, service)
+    assert is_idle(status, other)

@@ -145,18 +145,14 @@ def test_install_rejects_bad_usage(tmp_path: Path) -> None:
 
 
 def build_excludes() -> list[str]:
-    result = subprocess.run(
-        ["bash", str(BUILD), "--print-excludes"], capture_output=True, text=True, timeout=30
-    )
+    result = subprocess.run(["bash", str(BUILD), "--print-excludes"], capture_output=True, text=True, timeout=30)
     assert result.returncode == 0, result
     return result.stdout.split()
 
 
 def test_build_excludes_are_the_expected_ones() -> None:
     excludes = build_excludes()
-    assert {"gevent.tests", "gevent.testing", "setuptools", "pkg_resources", "tkinter"} <= set(
-        excludes
-    )
+    assert {"gevent.tests", "gevent.testing", "setuptools", "pkg_resources", "tkinter"} <= set(excludes)
 
 
 def test_the_app_runs_without_the_excluded_modules() -> None:
@@ -222,11 +218,7 @@ def test_the_app_runs_without_the_excluded_modules() -> None:
 
 def test_entry_script_patches_before_anything_else() -> None:
     tree = ast.parse((ROOT / "packaging" / "entry.py").read_text())
-    body = [
-        node
-        for node in tree.body
-        if not (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant))
-    ]
+    body = [node for node in tree.body if not (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant))]
     assert ast.unparse(body[0]) == "from gevent import monkey"
     assert ast.unparse(body[1]) == "monkey.patch_all()"
     assert any("activator.cli" in ast.unparse(node) for node in body[2:])

@@ -66,16 +66,12 @@ def test_messages_reach_the_socket(receiver: tuple[socket.socket, str]) -> None:
     assert recv(sock) == "READY=1\nSTATUS=listening on 0.0.0.0:8080"
     assert n.ready() is True
     assert recv(sock) == "READY=1"
-    assert n.status("2 services, 5 pods") is True
-    assert recv(sock) == "STATUS=2 services, 5 pods"
     assert n.watchdog() is True
     assert recv(sock) == "WATCHDOG=1"
     assert n.stopping() is True
     assert recv(sock) == "STOPPING=1"
     assert n.stopping("draining 3 requests") is True
     assert recv(sock) == "STOPPING=1\nSTATUS=draining 3 requests"
-    assert n.extend_timeout(2.5) is True
-    assert recv(sock) == "EXTEND_TIMEOUT_USEC=2500000"
 
 
 def test_reloading_carries_the_monotonic_clock(receiver: tuple[socket.socket, str]) -> None:
@@ -100,8 +96,8 @@ def test_raw_and_field_messages(receiver: tuple[socket.socket, str]) -> None:
     assert n.notify(ERRNO=98, BUSERROR="org.example.Failed") is True
     assert recv(sock) == "ERRNO=98\nBUSERROR=org.example.Failed"
     # A newline in a value would start a new assignment: it is flattened.
-    assert n.status("line one\nREADY=1") is True
-    assert recv(sock) == "STATUS=line one READY=1"
+    assert n.ready("line one\nREADY=1") is True
+    assert recv(sock) == "READY=1\nSTATUS=line one READY=1"
     # Nothing to say: nothing sent.
     assert n.notify() is False
     assert_nothing_queued(sock)
@@ -131,7 +127,6 @@ def test_unset_notify_socket_is_a_no_op(monkeypatch: pytest.MonkeyPatch) -> None
         n = Notifier.from_env(env)
         assert not n.enabled
         assert n.ready("x") is False
-        assert n.status("x") is False
         assert n.reloading() is False
         assert n.stopping() is False
         assert n.watchdog() is False
@@ -171,8 +166,8 @@ def test_a_dead_socket_never_raises() -> None:
         # Not a socket at all, and a directory.
         plain = os.path.join(tmp, "plain")
         Path(plain).write_text("")
-        assert Notifier(plain).status("x") is False
-        assert Notifier(tmp).status("x") is False
+        assert Notifier(plain).ready("x") is False
+        assert Notifier(tmp).ready("x") is False
         # A listening stream socket (wrong type).
         stream_path = os.path.join(tmp, "stream")
         stream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -223,41 +218,20 @@ class _Stop(Exception):
     pass
 
 
-def test_run_watchdog_pings_only_while_alive(receiver: tuple[socket.socket, str]) -> None:
+def test_run_watchdog_pings_every_half_interval(receiver: tuple[socket.socket, str]) -> None:
     sock, path = receiver
     n = Notifier(path, watchdog_usec=3_000_000)
-    health = iter([True, True, False, True])
     sleeps: list[float] = []
-
-    def is_alive() -> bool:
-        return next(health)
 
     def sleep(seconds: float) -> None:
         sleeps.append(seconds)
-        if len(sleeps) == 4:
+        if len(sleeps) == 3:
             raise _Stop
 
     with pytest.raises(_Stop):
-        run_watchdog(n, is_alive, sleep=sleep)
-    assert sleeps == [1.5] * 4
+        run_watchdog(n, sleep=sleep)
+    assert sleeps == [1.5] * 3
     assert [recv(sock) for _ in range(3)] == ["WATCHDOG=1"] * 3
-    assert_nothing_queued(sock)
-
-
-def test_run_watchdog_treats_a_failing_health_check_as_dead(
-    receiver: tuple[socket.socket, str],
-) -> None:
-    sock, path = receiver
-    n = Notifier(path, watchdog_usec=2_000_000)
-
-    def is_alive() -> bool:
-        raise RuntimeError("boom")
-
-    def sleep(seconds: float) -> None:
-        raise _Stop
-
-    with pytest.raises(_Stop):
-        run_watchdog(n, is_alive, sleep=sleep)
     assert_nothing_queued(sock)
 
 
@@ -265,15 +239,15 @@ def test_run_watchdog_returns_when_no_watchdog_is_wanted() -> None:
     def sleep(seconds: float) -> None:
         raise AssertionError("must not loop")
 
-    run_watchdog(Notifier(None, watchdog_usec=2_000_000), lambda: True, sleep=sleep)
-    run_watchdog(Notifier("/run/systemd/notify"), lambda: True, sleep=sleep)
+    run_watchdog(Notifier(None, watchdog_usec=2_000_000), sleep=sleep)
+    run_watchdog(Notifier("/run/systemd/notify"), sleep=sleep)
 
 
 def test_run_watchdog_as_a_greenlet(receiver: tuple[socket.socket, str]) -> None:
     gevent = pytest.importorskip("gevent")
     sock, path = receiver
     n = Notifier(path, watchdog_usec=600_000_000)  # pings every 300 s: one in this test
-    greenlet = gevent.spawn(run_watchdog, n, lambda: True)
+    greenlet = gevent.spawn(run_watchdog, n)
     try:
         gevent.sleep(0)  # let it run up to its gevent.sleep(interval)
         assert recv(sock) == "WATCHDOG=1"

@@ -256,7 +256,7 @@ class RecordingPod:
     def since(self, mark: Mark) -> Since:
         with self._lock:
             lengths = mark.raw_lengths + (0,) * (len(self._connections) - len(mark.raw_lengths))
-            raw = b"".join(bytes(conn.raw[start:]) for conn, start in zip(self._connections, lengths))
+            raw = b"".join(bytes(conn.raw[start:]) for conn, start in zip(self._connections, lengths, strict=True))
             unfinished = tuple(c.index for c in self._connections if c.unfinished and c.index not in mark.unfinished)
             return Since(tuple(self._requests[mark.requests :]), raw, unfinished)
 

@@ -556,7 +556,7 @@ def results(proxy: Proxy) -> list[Result]:
         outcomes = list(pool.map(lambda case: send_case(proxy.act.listen, case), CASES))
     wait_quiet(proxy.act, proxy.pod)
     results = []
-    for case, outcome in zip(CASES, outcomes):
+    for case, outcome in zip(CASES, outcomes, strict=True):
         request, reading = LooseRequest.of(case.data), h11_reading(case.data)
         assert reading is not None
         explained_by = None

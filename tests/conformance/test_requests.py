@@ -498,7 +498,7 @@ def check_pod(since: Since, row: Row) -> None:
     if not row.forwarded:
         assert since.raw == b"", f"the pod received {since.raw[:500]!r}"
     assert len(since.requests) == len(row.forwarded), since.requests
-    for expected, got in zip(row.forwarded, since.requests):
+    for expected, got in zip(row.forwarded, since.requests, strict=True):
         assert (got.method, got.target, got.http_version) == (expected.method, expected.target, b"1.1"), got
         assert (got.framing, got.body) == (expected.framing, expected.body), got
         for name, value in expected.headers:

@@ -23,13 +23,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from harness import find_pod, wait_until
+from harness import find_pod, probe_config, wait_until
 from recording_pod import Script, Step
 from wire import Proxy, RawResponse, Uploader, http_request, proxy_setup, quiet_mark, wait_quiet, wire
 
 pytestmark = pytest.mark.binary
 
-PROBE = {"path": "/healthz", "interval": "1s", "timeout": "1s", "healthy_after": 1, "unhealthy_after": 3}
+PROBE = probe_config(interval="1s", unhealthy_after=3)
 
 
 @pytest.fixture(scope="module")

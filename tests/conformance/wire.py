@@ -36,7 +36,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Self
 
-from harness import DEFAULT_TIMEOUT, Activator, wait_until
+from harness import DEFAULT_TIMEOUT, Activator, make_config, wait_until
 from recording_pod import Mark, RecordingPod
 
 HOST = b"a.example"
@@ -270,15 +270,10 @@ def wire(act: Activator, timeout: float = DEFAULT_TIMEOUT) -> Iterator[Wire]:
         yield connection
 
 
-def is_quiet(status: dict[str, Any], service: str = SERVICE) -> bool:
-    svc = status["services"][service]
-    return bool(svc["in_flight"] == 0 and svc["queued"] == 0)
-
-
 def wait_quiet(act: Activator, pod: RecordingPod, service: str = SERVICE) -> None:
     """Wait until activator holds nothing for ``service`` and the pod has recorded every
     byte it received: what a row sent can reach the pod no more after this."""
-    act.wait_for(lambda st: is_quiet(st, service), message=f"service {service} idle")
+    act.wait_idle(service, message=f"service {service} idle")
     wait_until(pod.settled, message="the pod read everything it was sent")
 
 
@@ -306,14 +301,8 @@ def proxy_config(
 ) -> dict[str, Any]:
     """One service, ``a``, for the one host ``a.example`` over ``pod``, and no catch-all
     (any other Host is 404 ``unknown-host``); ``service`` overrides its keys."""
-    svc: dict[str, Any] = {
-        "hosts": [HOST.decode()],
-        "container_concurrency": 1,
-        "probe": None,
-        "pods": [pod.address],
-        **service,
-    }
-    return {"access_log": access_log, "limits": limits or {}, "services": {SERVICE: svc}}
+    top = {"access_log": access_log, "limits": limits or {}}
+    return make_config([pod], service=SERVICE, top=top, hosts=[HOST.decode()], **service)
 
 
 @contextlib.contextmanager

@@ -30,16 +30,19 @@ import subprocess
 import threading
 import time
 from collections.abc import Iterator
+from functools import partial
 from typing import Any
 
 import pytest
 from harness import (
     DEFAULT_TIMEOUT,
+    SERVICE,
     Activator,
     Client,
     NotifySocket,
     Pod,
     find_pod,
+    make_config,
     request,
     run_cli,
     start_request,
@@ -47,36 +50,18 @@ from harness import (
 )
 
 from activator import __version__
-from activator.server import DUPLICATE_SIGNAL_SECONDS
+from activator.signals import DUPLICATE_SIGNAL_SECONDS
 
 pytestmark = pytest.mark.binary
 
-SERVICE = "api"
+#: One catch-all service ``api`` over the pods, cc 1, no probe, first-available,
+#: ``grace_period`` 60 s unless ``top`` says otherwise.
+appliance_config = partial(make_config, lb_policy="first-available", queue_timeout="60s", top={"grace_period": "60s"})
+
 # The held upload's parts: the proxy reads up to 64 KiB of a request body before it
 # sends the head to the pod (activator/upstream.py), so the first part is larger.
 FIRST_PART = b"x" * (256 * 1024)
 LAST_PART = b"y" * 1000
-
-
-def make_config(
-    pods: list[Pod], *, cc: int = 1, grace: str = "60s", **top: Any
-) -> dict[str, Any]:
-    """One catch-all service ``api`` over ``pods``, no probe; ``grace_period`` ``grace``."""
-    return {
-        "access_log": False,
-        "grace_period": grace,
-        **top,
-        "services": {
-            SERVICE: {
-                "hosts": ["*"],
-                "container_concurrency": cc,
-                "lb_policy": "first-available",
-                "probe": None,
-                "queue_timeout": "60s",
-                "pods": [p.address for p in pods],
-            }
-        },
-    }
 
 
 def start(
@@ -121,11 +106,7 @@ def index_of(lines: list[str], text: str, after: int = -1) -> int:
 
 
 def status_lines(datagram: str) -> list[str]:
-    return [
-        line[len("STATUS=") :]
-        for line in datagram.split("\n")
-        if line.startswith("STATUS=")
-    ]
+    return [line[len("STATUS=") :] for line in datagram.split("\n") if line.startswith("STATUS=")]
 
 
 def exchange_outcome(conn: http.client.HTTPConnection) -> int | str:
@@ -154,9 +135,7 @@ class GatedUpload:
         self.status: int | None = None
         self.answer: dict[str, Any] | None = None
         self.error: BaseException | None = None
-        self._thread = threading.Thread(
-            target=self._run, name="gated-upload", daemon=True
-        )
+        self._thread = threading.Thread(target=self._run, name="gated-upload", daemon=True)
         self._thread.start()
 
     def _body(self) -> Iterator[bytes]:
@@ -181,7 +160,7 @@ class GatedUpload:
                     self.answer = json.loads(data)
             finally:
                 conn.close()
-        except BaseException as error:  # noqa: BLE001 - reported to the test
+        except BaseException as error:  # reported to the test
             self.error = error
 
     def release(self, timeout: float = DEFAULT_TIMEOUT) -> GatedUpload:
@@ -224,7 +203,7 @@ def hold(made: list[GatedUpload], act: Activator, pod: Pod) -> GatedUpload:
 
 def test_proxies_a_request_through_a_pod(pod_factory, activator_factory):
     (pod,) = pod_factory(1)
-    act = start(activator_factory, make_config([pod]))
+    act = start(activator_factory, appliance_config([pod]))
     resp = request(act.listen, path="/echo/hello?x=1", host="api.example.com")
     assert resp.status == 200, resp.text
     assert resp.headers["X-Pod"] == pod.address
@@ -236,17 +215,13 @@ def test_proxies_a_request_through_a_pod(pod_factory, activator_factory):
 # sd_notify
 
 
-def test_ready_and_stopping_arrive_on_the_notify_socket(
-    pod_factory, activator_factory, notify_socket
-):
+def test_ready_and_stopping_arrive_on_the_notify_socket(pod_factory, activator_factory, notify_socket):
     (pod,) = pod_factory(1)
-    act = start(activator_factory, make_config([pod]), notify_socket)
+    act = start(activator_factory, appliance_config([pod]), notify_socket)
 
     ready = notify_socket.wait_for("READY=1")
     statuses = status_lines(ready)
-    assert statuses and statuses[0].strip(), (
-        f"READY=1 without a STATUS= line: {ready!r}"
-    )
+    assert statuses and statuses[0].strip(), f"READY=1 without a STATUS= line: {ready!r}"
     assert request(act.listen, path="/delay?ms=1").status == 200
 
     assert act.stop() == 0
@@ -258,13 +233,9 @@ def test_ready_and_stopping_arrive_on_the_notify_socket(
     assert "WATCHDOG=1" not in lines, lines
 
 
-def test_watchdog_pings_when_watchdog_usec_is_set(
-    pod_factory, activator_factory, notify_socket
-):
+def test_watchdog_pings_when_watchdog_usec_is_set(pod_factory, activator_factory, notify_socket):
     (pod,) = pod_factory(1)
-    act = start(
-        activator_factory, make_config([pod]), notify_socket, watchdog_usec=1_000_000
-    )
+    act = start(activator_factory, appliance_config([pod]), notify_socket, watchdog_usec=1_000_000)
     notify_socket.wait_for("READY=1")
     wait_until(
         lambda: notify_socket.assignments().count("WATCHDOG=1") >= 3,
@@ -287,15 +258,16 @@ def test_watchdog_pings_when_watchdog_usec_is_set(
 
 def test_sighup_applies_a_changed_file(pod_factory, activator_factory, notify_socket):
     a, b = pod_factory(2)
-    act = start(activator_factory, make_config([a]), notify_socket)
+    act = start(activator_factory, appliance_config([a]), notify_socket)
     notify_socket.wait_for("READY=1")
     assert svc(act)["capacity"] == 1
 
-    act.rewrite_config(make_config([a, b], cc=2))
+    act.rewrite_config(appliance_config([a, b], container_concurrency=2))
     act.reload()
     st = act.wait_for(
-        lambda st: find_pod(st, SERVICE, b.address) is not None
-        and find_pod(st, SERVICE, b.address)["state"] == "healthy",
+        lambda st: (
+            find_pod(st, SERVICE, b.address) is not None and find_pod(st, SERVICE, b.address)["state"] == "healthy"
+        ),
         message="pod B added by SIGHUP",
     )
     service = st["services"][SERVICE]
@@ -306,11 +278,7 @@ def test_sighup_applies_a_changed_file(pod_factory, activator_factory, notify_so
     # systemd's reload protocol: RELOADING=1, then READY=1 once the file is applied.
     def reloaded() -> bool:
         lines = notify_socket.assignments()
-        return (
-            index_of(lines, "READY=1", index_of(lines, "RELOADING=1"))
-            > index_of(lines, "RELOADING=1")
-            >= 0
-        )
+        return index_of(lines, "READY=1", index_of(lines, "RELOADING=1")) > index_of(lines, "RELOADING=1") >= 0
 
     wait_until(
         reloaded,
@@ -330,9 +298,7 @@ def test_sighup_applies_a_changed_file(pod_factory, activator_factory, notify_so
     notify_socket.clear()
     act.write_config_in_place("services: [this is not\n")
     act.reload()
-    act.wait_for(
-        lambda st: st["config"]["last_error"], message="the error shown in /status"
-    )
+    act.wait_for(lambda st: st["config"]["last_error"], message="the error shown in /status")
     wait_until(
         reloaded,
         message=lambda: f"RELOADING=1 then READY=1 in {notify_socket.messages()}",
@@ -350,9 +316,7 @@ def test_sigterm_drains_in_flight_and_queued_requests_then_exits_0(
     pod_factory, activator_factory, notify_socket, gated
 ):
     (pod,) = pod_factory(1)
-    act = start(
-        activator_factory, make_config([pod], cc=1, grace="120s"), notify_socket
-    )
+    act = start(activator_factory, appliance_config([pod], top={"grace_period": "120s"}), notify_socket)
     notify_socket.wait_for("READY=1")
 
     keepalive = Client(act.listen)
@@ -361,9 +325,7 @@ def test_sigterm_drains_in_flight_and_queued_requests_then_exits_0(
         assert first.status == 200
 
         upload = hold(gated, act, pod)  # in flight on the only slot
-        queued = start_request(
-            act.listen, path="/delay?ms=1", headers={"X-Request-Id": "queued"}
-        )
+        queued = start_request(act.listen, path="/delay?ms=1", headers={"X-Request-Id": "queued"})
         try:
             act.wait_for(
                 lambda st: st["services"][SERVICE]["queued"] == 1,
@@ -381,25 +343,19 @@ def test_sigterm_drains_in_flight_and_queued_requests_then_exits_0(
             # A new request on the connection kept alive from before the stop.
             late = keepalive.request("GET", "/delay?ms=1")
             assert late.status == 503, late
-            assert late.headers.get("X-Activator-Reason") == "shutting-down", (
-                late.headers
-            )
+            assert late.headers.get("X-Activator-Reason") == "shutting-down", late.headers
 
             # Still draining: nothing above ended the held or the queued request.
             assert act.is_running()
             st = act.status()
             assert st["services"][SERVICE]["queued"] == 1
             assert pod.stats()["in_flight"] == 1
-            assert (
-                pod.stats()["request_ids"] == []
-            )  # the queued one has not reached the pod
+            assert pod.stats()["request_ids"] == []  # the queued one has not reached the pod
 
             upload.release()
             assert upload.error is None, repr(upload.error)
             assert upload.status == 200
-            assert upload.answer is not None and upload.answer["length"] == len(
-                FIRST_PART
-            ) + len(LAST_PART)
+            assert upload.answer is not None and upload.answer["length"] == len(FIRST_PART) + len(LAST_PART)
             assert exchange_outcome(queued) == 200
         finally:
             queued.close()
@@ -412,15 +368,11 @@ def test_sigterm_drains_in_flight_and_queued_requests_then_exits_0(
     assert index_of(lines, "READY=1") < index_of(lines, "STOPPING=1"), lines
 
 
-@pytest.mark.parametrize(
-    "second", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"]
-)
-def test_second_stop_signal_during_a_long_drain_exits_at_once(
-    pod_factory, activator_factory, gated, second
-):
+@pytest.mark.parametrize("second", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_second_stop_signal_during_a_long_drain_exits_at_once(pod_factory, activator_factory, gated, second):
     (pod,) = pod_factory(1)
     # The drain would last as long as the held request, up to 10 minutes.
-    act = start(activator_factory, make_config([pod], grace="600s"))
+    act = start(activator_factory, appliance_config([pod], top={"grace_period": "600s"}))
     upload = hold(gated, act, pod)
 
     act.signal(signal.SIGTERM)
@@ -439,14 +391,10 @@ def test_second_stop_signal_during_a_long_drain_exits_at_once(
 
 def test_grace_period_bounds_the_drain(pod_factory, activator_factory):
     (pod,) = pod_factory(1)
-    act = start(activator_factory, make_config([pod], grace="1s"))
-    slow = start_request(
-        act.listen, path="/delay?ms=10000", timeout=DEFAULT_TIMEOUT * 2
-    )
+    act = start(activator_factory, appliance_config([pod], top={"grace_period": "1s"}))
+    slow = start_request(act.listen, path="/delay?ms=10000", timeout=DEFAULT_TIMEOUT * 2)
     try:
-        wait_until(
-            lambda: pod.stats()["in_flight"] == 1, message="the slow request on the pod"
-        )
+        wait_until(lambda: pod.stats()["in_flight"] == 1, message="the slow request on the pod")
         act.signal(signal.SIGTERM)
         assert act.wait(60) == 0
         outcome = exchange_outcome(slow)
@@ -465,24 +413,16 @@ def test_version_and_check_from_another_directory(tmp_path):
     assert __version__ in result.stdout + result.stderr
 
     (tmp_path / "activator.yaml").write_text(
-        "listen: 127.0.0.1:18080\n"
-        "services:\n"
-        "  api:\n"
-        "    hosts: [api.example.com]\n"
-        "    pods: [127.0.0.1:8001]\n"
+        "listen: 127.0.0.1:18080\nservices:\n  api:\n    hosts: [api.example.com]\n    pods: [127.0.0.1:8001]\n"
     )
     result = run_cli(["check", "-c", "activator.yaml"], cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "valid" in result.stdout and "127.0.0.1:8001" in result.stdout, result.stdout
 
-    result = run_cli(
-        ["check"], cwd=tmp_path, env={"ACTIVATOR_CONFIG": "activator.yaml"}
-    )
+    result = run_cli(["check"], cwd=tmp_path, env={"ACTIVATOR_CONFIG": "activator.yaml"})
     assert result.returncode == 0, result.stderr
 
-    (tmp_path / "bad.yaml").write_text(
-        "services:\n  api:\n    hosts: [a]\n    pods: [127.0.0.1:70000]\n"
-    )
+    (tmp_path / "bad.yaml").write_text("services:\n  api:\n    hosts: [a]\n    pods: [127.0.0.1:70000]\n")
     result = run_cli(["check", "-c", "bad.yaml"], cwd=tmp_path)
     assert result.returncode == 2
     assert "bad.yaml:4" in result.stderr, result.stderr
@@ -496,9 +436,7 @@ def test_executable_needs_no_python_environment(tmp_path):
         pytest.skip("ACTIVATOR_BIN is not set: no executable to check")
     tmpdir = tmp_path / "tmp"
     tmpdir.mkdir()
-    (tmp_path / "activator.yaml").write_text(
-        "services:\n  api:\n    hosts: ['*']\n    pods: [127.0.0.1:8001]\n"
-    )
+    (tmp_path / "activator.yaml").write_text("services:\n  api:\n    hosts: ['*']\n    pods: [127.0.0.1:8001]\n")
     env = {"PATH": str(tmp_path / "no-bin"), "TMPDIR": str(tmpdir), "LANG": "C"}
     for args in (["--version"], ["check", "-c", "activator.yaml"]):
         result = subprocess.run(
@@ -514,17 +452,13 @@ def test_executable_needs_no_python_environment(tmp_path):
     assert list(tmpdir.iterdir()) == [], "the one-file unpack directory was left behind"
 
 
-def test_executable_is_signalled_like_systemd_does(
-    pod_factory, activator_factory, notify_socket, tmp_path
-):
+def test_executable_is_signalled_like_systemd_does(pod_factory, activator_factory, notify_socket, tmp_path):
     """SIGHUP and SIGTERM sent to the main process (the one-file bootloader when
     testing the executable) reach the server; it exits 0 and leaves nothing behind."""
     (pod,) = pod_factory(1)
     tmpdir = tmp_path / "tmp"
     tmpdir.mkdir()
-    act = start(
-        activator_factory, make_config([pod]), notify_socket, TMPDIR=str(tmpdir)
-    )
+    act = start(activator_factory, appliance_config([pod]), notify_socket, TMPDIR=str(tmpdir))
     notify_socket.wait_for("READY=1")
     act.reload()
     notify_socket.wait_for("RELOADING=1")

@@ -12,7 +12,6 @@ is still alive and serves a normal request.
 from __future__ import annotations
 
 import contextlib
-import re
 import socket
 import threading
 from collections.abc import Iterator
@@ -20,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from harness import Activator, Pod, read_all, request, send_raw, wait_until
+from harness import SERVICE, Activator, Pod, make_config, parse_head, read_all, request, send_raw, wait_until
 
 pytestmark = pytest.mark.binary
 
@@ -37,29 +36,12 @@ class Setup:
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
-    pod = Pod()
-    config = {
-        "access_log": False,
-        "limits": {
-            "max_header_bytes": MAX_HEADER_BYTES,
-            "max_body_bytes": MAX_BODY_BYTES,
-            "client_timeout": "5s",
-        },
-        "services": {
-            "api": {
-                "hosts": ["*"],
-                "container_concurrency": 1,
-                "probe": None,
-                "pods": [pod.address],
-            }
-        },
-    }
-    act = Activator(config, workdir=tmp_path_factory.mktemp("bad-input"))
-    try:
+    limits = {"max_header_bytes": MAX_HEADER_BYTES, "max_body_bytes": MAX_BODY_BYTES, "client_timeout": "5s"}
+    with (
+        Pod() as pod,
+        Activator(make_config([pod], top={"limits": limits}), workdir=tmp_path_factory.mktemp("bad-input")) as act,
+    ):
         yield Setup(act, pod)
-    finally:
-        act.close()
-        pod.close()
 
 
 def exchange(setup: Setup, data: bytes, *, shut_write: bool = False) -> bytes:
@@ -86,22 +68,14 @@ def responses(data: bytes) -> list[tuple[int, dict[str, str], bytes]]:
     while rest:
         head, sep, rest = rest.partition(b"\r\n\r\n")
         assert sep, f"incomplete response head: {head[:200]!r}"
-        lines = head.decode("latin-1").split("\r\n")
-        m = re.fullmatch(r"HTTP/1\.[01] (\d{3})(?: .*)?", lines[0])
-        assert m, f"not a status line: {lines[0]!r}"
-        headers = {}
-        for line in lines[1:]:
-            name, _, value = line.partition(":")
-            headers[name.strip().lower()] = value.strip()
+        status, headers = parse_head(head)
         n = int(headers.get("content-length", "0"))
-        out.append((int(m.group(1)), headers, rest[:n]))
+        out.append((status, headers, rest[:n]))
         rest = rest[n:]
     return out
 
 
-def assert_refused(
-    setup: Setup, data: bytes, status: int, reason: str, **kw: Any
-) -> None:
+def assert_refused(setup: Setup, data: bytes, status: int, reason: str, **kw: Any) -> None:
     before = setup.pod.stats()
     answer = exchange(setup, data, **kw)
     got = responses(answer)
@@ -110,15 +84,11 @@ def assert_refused(
     code, headers, _ = got[0]
     assert (code, headers.get("x-activator-reason")) == (status, reason), answer
     after = setup.pod.stats()
-    assert after["count"] == before["count"], (
-        f"the pod got {after['paths']} (was {before['paths']})"
-    )
+    assert after["count"] == before["count"], f"the pod got {after['paths']} (was {before['paths']})"
     assert "/smuggled" not in after["paths"]
 
 
-def req(
-    head: bytes, body: bytes = b"", *, line: bytes = b"POST /echo HTTP/1.1"
-) -> bytes:
+def req(head: bytes, body: bytes = b"", *, line: bytes = b"POST /echo HTTP/1.1") -> bytes:
     return line + b"\r\nHost: x\r\n" + head + b"\r\n" + body
 
 
@@ -141,9 +111,7 @@ BAD_REQUEST_LINES = {
 }
 
 
-@pytest.mark.parametrize(
-    "line", BAD_REQUEST_LINES.values(), ids=BAD_REQUEST_LINES.keys()
-)
+@pytest.mark.parametrize("line", BAD_REQUEST_LINES.values(), ids=BAD_REQUEST_LINES.keys())
 def test_malformed_request_lines_are_400(setup, line):
     assert_refused(setup, line + b"\r\nHost: x\r\n\r\n", 400, "bad-request")
 
@@ -232,9 +200,7 @@ def test_head_cut_short_is_400(setup):
 
 def _headers_of(total: int) -> bytes:
     """Header lines adding up to about ``total`` bytes."""
-    lines = b"".join(
-        b"X-Fill-%03d: %s\r\n" % (i, b"v" * 86) for i in range(total // 100)
-    )
+    lines = b"".join(b"X-Fill-%03d: %s\r\n" % (i, b"v" * 86) for i in range(total // 100))
     return lines
 
 
@@ -270,9 +236,7 @@ def test_header_section_under_the_limit_passes(setup):
     count = setup.pod.stats()["count"]
     answer = exchange(
         setup,
-        b"GET /delay HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
-        + _headers_of(3800)
-        + b"\r\n",
+        b"GET /delay HTTP/1.1\r\nHost: x\r\nConnection: close\r\n" + _headers_of(3800) + b"\r\n",
     )
     assert responses(answer)[0][0] == 200, answer[:300]
     assert setup.pod.stats()["count"] == count + 1
@@ -295,17 +259,14 @@ def test_content_length_too_large_for_64_bits_is_400_at_once(setup):
 def test_body_at_max_body_bytes_passes(setup):
     count = setup.pod.stats()["count"]
     body = b"b" * MAX_BODY_BYTES
-    answer = exchange(
-        setup, req(b"Content-Length: %d\r\nConnection: close\r\n" % len(body), body)
-    )
+    answer = exchange(setup, req(b"Content-Length: %d\r\nConnection: close\r\n" % len(body), body))
     assert responses(answer)[0][0] == 200, answer[:300]
     assert setup.pod.stats()["count"] == count + 1
 
 
 def _chunked(body: bytes, piece: int) -> bytes:
     out = b"".join(
-        b"%x\r\n%s\r\n" % (len(body[i : i + piece]), body[i : i + piece])
-        for i in range(0, len(body), piece)
+        b"%x\r\n%s\r\n" % (len(body[i : i + piece]), body[i : i + piece]) for i in range(0, len(body), piece)
     )
     return out + b"0\r\n\r\n"
 
@@ -378,9 +339,7 @@ class RecordingPod:
         self._listener.close()
 
 
-def test_large_chunked_body_over_the_limit_is_cut_before_the_pod_has_it_all(
-    activator_factory, tmp_path: Path
-):
+def test_large_chunked_body_over_the_limit_is_cut_before_the_pod_has_it_all(activator_factory, tmp_path: Path):
     pod = RecordingPod()
     try:
         limit = 100_000  # over the first 64 KiB piece, so the pod does get a head and a part
@@ -406,9 +365,7 @@ def test_large_chunked_body_over_the_limit_is_cut_before_the_pod_has_it_all(
             b"POST /upload HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n",
         )
         try:
-            with contextlib.suppress(
-                OSError
-            ):  # the activator may stop reading and close
+            with contextlib.suppress(OSError):  # the activator may stop reading and close
                 sock.sendall(_chunked(body, 4096))
             with contextlib.suppress(ConnectionResetError):
                 answer = read_all(sock)
@@ -425,9 +382,7 @@ def test_large_chunked_body_over_the_limit_is_cut_before_the_pod_has_it_all(
         if answer:
             code, headers, _ = responses(answer)[0]
             assert code in (400, 413) and headers.get("x-activator-reason"), answer
-        act.wait_for(
-            lambda st: st["services"]["api"]["in_flight"] == 0, message="slot released"
-        )
+        act.wait_idle(SERVICE, message="slot released")
     finally:
         pod.close()
 
@@ -488,9 +443,7 @@ FRAMING = {
 }
 
 
-@pytest.mark.parametrize(
-    ("head", "status", "reason"), FRAMING.values(), ids=FRAMING.keys()
-)
+@pytest.mark.parametrize(("head", "status", "reason"), FRAMING.values(), ids=FRAMING.keys())
 def test_bad_framing_is_refused(setup, head, status, reason):
     assert_refused(setup, req(head, b"hello"), status, reason)
 
@@ -616,15 +569,11 @@ SMUGGLING = {
 }
 
 
-@pytest.mark.parametrize(
-    ("head", "body", "status", "reason"), SMUGGLING.values(), ids=SMUGGLING.keys()
-)
+@pytest.mark.parametrize(("head", "body", "status", "reason"), SMUGGLING.values(), ids=SMUGGLING.keys())
 def test_smuggling_attempts_are_refused_and_the_smuggled_request_never_reaches_the_pod(
     setup, head, body, status, reason
 ):
-    assert_refused(
-        setup, req(head, body, line=b"POST /upload HTTP/1.1") + SMUGGLED, status, reason
-    )
+    assert_refused(setup, req(head, body, line=b"POST /upload HTTP/1.1") + SMUGGLED, status, reason)
 
 
 def test_good_pipelined_requests_are_each_served_once(setup):
@@ -645,9 +594,7 @@ def test_good_pipelined_requests_are_each_served_once(setup):
     assert b'"length": 11' in got[0][2]
     after = setup.pod.stats()
     assert after["count"] == before["count"] + 2
-    assert (
-        after["paths"].get("/pipelined", 0) == before["paths"].get("/pipelined", 0) + 1
-    )
+    assert after["paths"].get("/pipelined", 0) == before["paths"].get("/pipelined", 0) + 1
 
 
 # --------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from harness import LOCALHOST, free_ports, request, run_cli, start_request
+from harness import LOCALHOST, free_ports, make_config, pod_entry, request, run_cli, start_request
 
 from activator import __version__
 
@@ -89,9 +89,7 @@ def test_check_bad_port_exits_2_naming_file_line_and_key(tmp_path):
     )
     result = run_cli(["check", "-c", "bad.yaml"], cwd=tmp_path)
     assert result.returncode == 2
-    assert re.search(
-        r"bad\.yaml:7: services\.api\.pods\[1\]: .*70000", result.stderr
-    ), result.stderr
+    assert re.search(r"bad\.yaml:7: services\.api\.pods\[1\]: .*70000", result.stderr), result.stderr
     assert "port" in result.stderr
 
 
@@ -108,9 +106,7 @@ def test_check_unknown_key_and_syntax_error_exit_2(tmp_path):
     )
     result = run_cli(["check", "-c", str(typo)], cwd=tmp_path)
     assert result.returncode == 2
-    assert re.search(r"typo\.yaml:4: services\.api(\.queue_dept)?: ", result.stderr), (
-        result.stderr
-    )
+    assert re.search(r"typo\.yaml:4: services\.api(\.queue_dept)?: ", result.stderr), result.stderr
     assert "queue_dept" in result.stderr
 
     broken = write(tmp_path / "broken.yaml", "services:\n  api: [unclosed\n")
@@ -158,10 +154,7 @@ def test_check_against_prints_the_diff(tmp_path):
     # The diff: pods to add and to drain, limits changed (old -> new).
     line_with("add", "127.0.0.1:8003")
     line_with("drain", "127.0.0.1:8001")
-    assert not any(
-        "8002" in line and ("add" in line.lower() or "drain" in line.lower())
-        for line in lines
-    )
+    assert not any("8002" in line and ("add" in line.lower() or "drain" in line.lower()) for line in lines)
     assert not any("8003" in line and "drain" in line.lower() for line in lines)
     assert re.search(r"1\s*->\s*2", line_with("container_concurrency", "->"))
     assert re.search(r"30s\s*->\s*5s", line_with("queue_timeout", "->"))
@@ -171,9 +164,7 @@ def test_check_against_prints_the_diff(tmp_path):
     unchanged = [
         line
         for line in same.stdout.splitlines()
-        if re.search(
-            r"\badd\b|\bdrain\b|container_concurrency.*->|queue_timeout.*->", line
-        )
+        if re.search(r"\badd\b|\bdrain\b|container_concurrency.*->|queue_timeout.*->", line)
     ]
     assert unchanged == [], unchanged
 
@@ -194,19 +185,7 @@ def test_check_against_invalid_new_file_exits_2(tmp_path):
 
 def test_status_prints_a_table_of_a_running_instance(pod_factory, activator_factory):
     pods = pod_factory(2)
-    act = activator_factory(
-        {
-            "access_log": False,
-            "services": {
-                "api": {
-                    "hosts": ["*"],
-                    "container_concurrency": 1,
-                    "probe": None,
-                    "pods": [p.address for p in pods],
-                }
-            },
-        }
-    )
+    act = activator_factory(make_config(pods))
     assert request(act.listen, path="/delay").status == 200
     result = run_cli(["status", "--admin", act.admin])
     assert result.returncode == 0, result.stderr
@@ -220,19 +199,7 @@ def test_status_prints_a_table_of_a_running_instance(pod_factory, activator_fact
 
 def test_status_page_shows_every_pod_with_its_state_and_refreshes(pod_factory, activator_factory):
     busy, drained = pod_factory(2)
-    act = activator_factory(
-        {
-            "access_log": False,
-            "services": {
-                "api": {
-                    "hosts": ["*"],
-                    "container_concurrency": 1,
-                    "probe": None,
-                    "pods": [busy.address, {"address": drained.address, "drain": True}],
-                }
-            },
-        }
-    )
+    act = activator_factory(make_config([busy, pod_entry(drained, drain=True)]))
     held = start_request(act.listen, path="/delay?ms=3000")
     try:
         act.wait_for(lambda st: st["services"]["api"]["in_flight"] == 1, message="one request on the pod")

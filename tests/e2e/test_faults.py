@@ -15,24 +15,30 @@ import contextlib
 import http.client
 import itertools
 import json
-import re
 import selectors
 import socket
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
+from functools import partial
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
 from harness import (
+    SERVICE,
     Activator,
     Client,
     Pod,
+    activator_reason,
     find_pod,
-    free_port,
+    free_ports,
+    make_config,
+    parse_head,
+    probe_config,
     read_all,
     request,
+    rss_kib,
     send_raw,
     start_request,
     stream,
@@ -41,27 +47,9 @@ from harness import (
 
 pytestmark = pytest.mark.binary
 
-SERVICE = "api"
-
-
-def make_config(
-    pods: Sequence[Any], limits: dict[str, Any] | None = None, **service: Any
-) -> dict[str, Any]:
-    """One catch-all service ``api``: cc 1, no probe, first-available (the first listed
-    free pod gets a request, so a test knows where it lands)."""
-    svc: dict[str, Any] = {
-        "hosts": ["*"],
-        "container_concurrency": 1,
-        "lb_policy": "first-available",
-        "probe": None,
-        "queue_timeout": "30s",
-        "pods": [p if isinstance(p, str) else p.address for p in pods],
-    }
-    svc.update(service)
-    config: dict[str, Any] = {"access_log": False, "services": {SERVICE: svc}}
-    if limits:
-        config["limits"] = limits
-    return config
+#: One catch-all service ``api``: cc 1, no probe, first-available (the first listed free
+#: pod gets a request, so a test knows where it lands).
+faults_config = partial(make_config, lb_policy="first-available", queue_timeout="30s")
 
 
 def svc(status: dict[str, Any]) -> dict[str, Any]:
@@ -69,46 +57,11 @@ def svc(status: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
-def is_idle(status: dict[str, Any]) -> bool:
-    s = svc(status)
-    return (
-        s["in_flight"] == 0
-        and s["queued"] == 0
-        and all(p["in_flight"] == 0 for p in s["pods"])
-    )
-
-
-def assert_idle(act: Activator) -> dict[str, Any]:
-    """Every count in /status back to zero (a leaked slot never gets there)."""
-    return act.wait_for(is_idle, message="every count back to zero")
-
-
-def reason(resp: Any) -> str | None:
-    if isinstance(resp, http.client.HTTPResponse):
-        return resp.getheader("X-Activator-Reason")
-    return resp.headers.get("X-Activator-Reason")
-
-
 def failures(status: dict[str, Any], address: str, kind: str) -> int:
     """Transport failures of ``kind`` (connect_errors, timeouts, resets) counted for a pod."""
     pod = find_pod(status, SERVICE, address)
     assert pod is not None, f"{address} not in /status"
-    return sum(
-        n for k, n in pod["transport_failures"].items() if k.split(".")[0] == kind
-    )
-
-
-def parse_head(data: bytes) -> tuple[int, dict[str, str]]:
-    """Status code and headers (lower-case names) of the first response in ``data``."""
-    head = data.split(b"\r\n\r\n", 1)[0].decode("latin-1")
-    lines = head.split("\r\n")
-    m = re.match(r"HTTP/1\.[01] (\d{3}) ", lines[0] + " ")
-    assert m, f"not an HTTP response: {data[:200]!r}"
-    headers = {}
-    for line in lines[1:]:
-        name, _, value = line.partition(":")
-        headers[name.strip().lower()] = value.strip()
-    return int(m.group(1)), headers
+    return sum(n for k, n in pod["transport_failures"].items() if k.split(".")[0] == kind)
 
 
 def raw_exchange(act: Activator, data: bytes, timeout: float = 30.0) -> bytes:
@@ -117,14 +70,6 @@ def raw_exchange(act: Activator, data: bytes, timeout: float = 30.0) -> bytes:
         return read_all(sock)
     finally:
         sock.close()
-
-
-def rss_kib(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    raise AssertionError(f"no VmRSS for {pid}")
 
 
 def read_event(resp: http.client.HTTPResponse) -> bytes:
@@ -158,9 +103,7 @@ class ConnPod:
         self._listener.listen(64)
         self.address = f"127.0.0.1:{self._listener.getsockname()[1]}"
         self._lock = threading.Lock()
-        self.requests: list[
-            tuple[int, str, str | None]
-        ] = []  # (connection, path, X-Request-Id)
+        self.requests: list[tuple[int, str, str | None]] = []  # (connection, path, X-Request-Id)
         self.closed: set[int] = set()
         self.in_flight = 0
         self._ids = itertools.count(1)
@@ -175,9 +118,7 @@ class ConnPod:
                 return
             with self._lock:
                 self._conns.append(conn)
-            threading.Thread(
-                target=self._serve, args=(conn, next(self._ids)), daemon=True
-            ).start()
+            threading.Thread(target=self._serve, args=(conn, next(self._ids)), daemon=True).start()
 
     def _serve(self, conn: socket.socket, cid: int) -> None:
         buf = b""
@@ -191,29 +132,21 @@ class ConnPod:
                 head, _, buf = buf.partition(b"\r\n\r\n")
                 lines = head.decode("latin-1").split("\r\n")
                 target = urlsplit(lines[0].split(" ")[1])
-                headers = {
-                    k.strip().lower(): v.strip()
-                    for k, _, v in (h.partition(":") for h in lines[1:])
-                }
+                headers = {k.strip().lower(): v.strip() for k, _, v in (h.partition(":") for h in lines[1:])}
                 ms = int(parse_qs(target.query).get("ms", ["0"])[-1])
                 with self._lock:
-                    self.requests.append(
-                        (cid, target.path, headers.get("x-request-id"))
-                    )
+                    self.requests.append((cid, target.path, headers.get("x-request-id")))
                     self.in_flight += 1
                 try:
                     if target.path == "/stream":
-                        conn.sendall(
-                            b"HTTP/1.1 200 OK\r\nContent-Length: 1000000000\r\n\r\n"
-                        )
+                        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 1000000000\r\n\r\n")
                         while True:
                             conn.sendall(b"x" * 100)
                             time.sleep(0.05)
                     time.sleep(ms / 1000)
                     body = b"connection %d\n" % cid
                     conn.sendall(
-                        b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nX-Conn: %d\r\n\r\n%s"
-                        % (len(body), cid, body)
+                        b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nX-Conn: %d\r\n\r\n%s" % (len(body), cid, body)
                     )
                 finally:
                     with self._lock:
@@ -250,24 +183,16 @@ def conn_pod() -> Iterator[ConnPod]:
 # 1. clients that leave
 
 
-def test_client_leaving_while_queued_is_dropped_and_never_reaches_the_pod(
-    pod_factory, activator_factory
-):
+def test_client_leaving_while_queued_is_dropped_and_never_reaches_the_pod(pod_factory, activator_factory):
     (pod,) = pod_factory(1)
-    act = activator_factory(make_config([pod]))
+    act = activator_factory(faults_config([pod]))
 
-    first = start_request(
-        act.listen, path="/delay?ms=4000", headers={"X-Request-Id": "first"}
-    )
+    first = start_request(act.listen, path="/delay?ms=4000", headers={"X-Request-Id": "first"})
     try:
-        act.wait_for(
-            lambda st: svc(st)["in_flight"] == 1, message="first request on the pod"
-        )
+        act.wait_for(lambda st: svc(st)["in_flight"] == 1, message="first request on the pod")
         # Two clients queue behind it: a plain GET, and a POST whose body sits unread
         # in the activator's socket buffer (the EOF hides behind it).
-        leaver = start_request(
-            act.listen, path="/delay?ms=0", headers={"X-Request-Id": "leaver"}
-        )
+        leaver = start_request(act.listen, path="/delay?ms=0", headers={"X-Request-Id": "leaver"})
         body = b"x" * 5000
         poster = start_request(
             act.listen,
@@ -295,14 +220,12 @@ def test_client_leaving_while_queued_is_dropped_and_never_reaches_the_pod(
     ids = pod.stats()["request_ids"]
     assert ids == ["first", "third"], ids  # the leavers never reached the pod
     assert pod.stats()["peak"] == 1
-    assert_idle(act)
+    act.wait_idle()
 
 
-def test_client_leaving_mid_response_releases_the_slot_and_closes_the_pod_connection(
-    pod_factory, activator_factory
-):
+def test_client_leaving_mid_response_releases_the_slot_and_closes_the_pod_connection(pod_factory, activator_factory):
     (pod,) = pod_factory(1)
-    act = activator_factory(make_config([pod]))
+    act = activator_factory(faults_config([pod]))
 
     # An endless event stream: it can only end because the activator closed the pod
     # connection when the client went away.
@@ -320,13 +243,11 @@ def test_client_leaving_mid_response_releases_the_slot_and_closes_the_pod_connec
     )
     assert request(act.listen, path="/delay?ms=0").status == 200
     assert pod.stats()["peak"] == 1
-    assert_idle(act)
+    act.wait_idle()
 
 
-def test_client_leaving_mid_response_the_pod_connection_is_not_reused(
-    conn_pod, activator_factory
-):
-    act = activator_factory(make_config([conn_pod]))
+def test_client_leaving_mid_response_the_pod_connection_is_not_reused(conn_pod, activator_factory):
+    act = activator_factory(faults_config([conn_pod]))
 
     # Control: the activator does keep pod connections alive and reuse them.
     one = request(act.listen, path="/x", headers={"X-Request-Id": "one"})
@@ -334,9 +255,7 @@ def test_client_leaving_mid_response_the_pod_connection_is_not_reused(
     assert one.status == two.status == 200
     assert conn_pod.connection_of("one") == conn_pod.connection_of("two")
 
-    with stream(
-        act.listen, path="/stream", headers={"X-Request-Id": "streamed"}
-    ) as resp:
+    with stream(act.listen, path="/stream", headers={"X-Request-Id": "streamed"}) as resp:
         assert resp.status == 200
         assert resp.read1(50)
     streamed = conn_pod.connection_of("streamed")
@@ -344,27 +263,19 @@ def test_client_leaving_mid_response_the_pod_connection_is_not_reused(
         lambda st: svc(st)["in_flight"] == 0,
         message="slot released after the client left",
     )
-    wait_until(
-        lambda: streamed in conn_pod.closed, message="the pod connection was closed"
-    )
+    wait_until(lambda: streamed in conn_pod.closed, message="the pod connection was closed")
 
     nxt = request(act.listen, path="/x", headers={"X-Request-Id": "next"})
     assert nxt.status == 200
     assert conn_pod.connection_of("next") != streamed
-    assert_idle(act)
+    act.wait_idle()
 
 
-def test_client_leaving_while_the_pod_works_releases_at_the_end_and_drops_the_connection(
-    conn_pod, activator_factory
-):
-    act = activator_factory(make_config([conn_pod]))
-    assert (
-        request(act.listen, path="/x", headers={"X-Request-Id": "warm"}).status == 200
-    )
+def test_client_leaving_while_the_pod_works_releases_at_the_end_and_drops_the_connection(conn_pod, activator_factory):
+    act = activator_factory(faults_config([conn_pod]))
+    assert request(act.listen, path="/x", headers={"X-Request-Id": "warm"}).status == 200
 
-    conn = start_request(
-        act.listen, path="/x?ms=1500", headers={"X-Request-Id": "left"}
-    )
+    conn = start_request(act.listen, path="/x?ms=1500", headers={"X-Request-Id": "left"})
     wait_until(lambda: conn_pod.in_flight == 1, message="the pod is working on it")
     conn.close()
     # The slot comes back no later than the pod's response ends.
@@ -377,10 +288,8 @@ def test_client_leaving_while_the_pod_works_releases_at_the_end_and_drops_the_co
 
     nxt = request(act.listen, path="/x", headers={"X-Request-Id": "next"})
     assert nxt.status == 200
-    assert_idle(act)
-    assert conn_pod.connection_of("next") != left, (
-        "the abandoned request's pod connection was reused"
-    )
+    act.wait_idle()
+    assert conn_pod.connection_of("next") != left, "the abandoned request's pod connection was reused"
 
 
 # --------------------------------------------------------------------------------------
@@ -388,16 +297,12 @@ def test_client_leaving_while_the_pod_works_releases_at_the_end_and_drops_the_co
 
 
 @pytest.mark.parametrize("hard", [1, 0], ids=["reset", "close"])
-def test_pod_breaking_off_mid_response_cuts_the_client_and_counts_against_the_pod(
-    pod_factory, activator_factory, hard
-):
+def test_pod_breaking_off_mid_response_cuts_the_client_and_counts_against_the_pod(pod_factory, activator_factory, hard):
     bad, good = pod_factory(2)
-    act = activator_factory(make_config([bad, good]))
+    act = activator_factory(faults_config([bad, good]))
 
     # The pod sends a head promising 1 MB, 1000 bytes, then a reset (or a plain close).
-    cut = start_request(
-        act.listen, path=f"/reset-mid-body?bytes=1000&after_ms=500&hard={hard}"
-    )
+    cut = start_request(act.listen, path=f"/reset-mid-body?bytes=1000&after_ms=500&hard={hard}")
     try:
         wait_until(
             lambda: bad.stats()["in_flight"] == 1,
@@ -412,14 +317,14 @@ def test_pod_breaking_off_mid_response_cuts_the_client_and_counts_against_the_po
         for conn in others:
             try:
                 r = conn.getresponse()
-                assert r.status == 200, (r.status, reason(r))
+                assert r.status == 200, (r.status, activator_reason(r))
                 r.read()
             finally:
                 conn.close()
     finally:
         cut.close()
 
-    st = assert_idle(act)
+    st = act.wait_idle()
     assert failures(st, bad.address, "resets") >= 1, find_pod(st, SERVICE, bad.address)
     assert failures(st, good.address, "resets") == 0
     assert good.stats()["count"] >= 1
@@ -429,53 +334,40 @@ def test_pod_breaking_off_mid_response_cuts_the_client_and_counts_against_the_po
     assert resp2.status == 200 and resp2.headers["X-Pod"] == bad.address
 
 
-def test_pod_that_never_answers_gets_504_at_request_timeout(
-    pod_factory, activator_factory
-):
+def test_pod_that_never_answers_gets_504_at_request_timeout(pod_factory, activator_factory):
     (pod,) = pod_factory(1)
-    act = activator_factory(make_config([pod], request_timeout="1s"))
+    act = activator_factory(faults_config([pod], request_timeout="1s"))
 
     resp = request(act.listen, path="/hang")
     assert resp.status == 504
-    assert reason(resp) == "upstream-timeout"
+    assert activator_reason(resp) == "upstream-timeout"
     # The activator closed the pod connection (the pod's /hang waits for exactly that).
     wait_until(
         lambda: pod.stats()["in_flight"] == 0,
         message="the hung pod connection was closed",
     )
-    st = assert_idle(act)
+    st = act.wait_idle()
     assert failures(st, pod.address, "timeouts") == 1
     assert request(act.listen, path="/delay?ms=0").status == 200
 
 
 def test_pod_answering_garbage_gets_502(pod_factory, activator_factory):
     (pod,) = pod_factory(1)
-    act = activator_factory(make_config([pod]))
+    act = activator_factory(faults_config([pod]))
 
     resp = request(act.listen, path="/garbage")
     assert resp.status == 502
-    assert reason(resp) == "upstream-bad-response"
+    assert activator_reason(resp) == "upstream-bad-response"
     assert pod.stats()["count"] == 1  # sent once, not retried
-    assert_idle(act)
+    act.wait_idle()
     ok = request(act.listen, path="/delay?ms=0")
     assert ok.status == 200
     assert pod.stats()["count"] == 2
 
 
-def test_pod_killed_under_load_fails_only_its_own_requests_and_comes_back(
-    pod_factory, activator_factory
-):
+def test_pod_killed_under_load_fails_only_its_own_requests_and_comes_back(pod_factory, activator_factory):
     doomed, steady = pod_factory(2)
-    probe = {
-        "path": "/healthz",
-        "interval": "200ms",
-        "timeout": "1s",
-        "healthy_after": 1,
-        "unhealthy_after": 2,
-    }
-    act = activator_factory(
-        make_config([doomed, steady], container_concurrency=2, probe=probe)
-    )
+    act = activator_factory(faults_config([doomed, steady], container_concurrency=2, probe=probe_config()))
     act.wait_for(
         lambda st: all(p["state"] == "healthy" for p in svc(st)["pods"]),
         message="both healthy",
@@ -508,7 +400,7 @@ def test_pod_killed_under_load_fails_only_its_own_requests_and_comes_back(
                 pass
         resp_waiting = waiting.getresponse()
         assert resp_waiting.status == 502, resp_waiting.status
-        assert reason(resp_waiting) == "upstream-connect"
+        assert activator_reason(resp_waiting) == "upstream-connect"
         resp_waiting.read()
         rest = resp_other.read()  # the steady pod's stream is untouched
         assert rest.count(b"\n\n") == 29
@@ -532,7 +424,7 @@ def test_pod_killed_under_load_fails_only_its_own_requests_and_comes_back(
     back = request(act.listen, path="/delay?ms=0")
     assert back.status == 200 and back.headers["X-Pod"] == doomed.address
     assert steady.stats()["peak"] <= 2 and doomed.stats()["peak"] <= 2
-    assert_idle(act)
+    act.wait_idle()
 
 
 # --------------------------------------------------------------------------------------
@@ -540,12 +432,10 @@ def test_pod_killed_under_load_fails_only_its_own_requests_and_comes_back(
 
 
 @pytest.fixture
-def three_held(
-    pod_factory, activator_factory
-) -> Iterator[tuple[Activator, Pod, list[Client]]]:
+def three_held(pod_factory, activator_factory) -> Iterator[tuple[Activator, Pod, list[Client]]]:
     """An activator with ``max_connections: 3`` and three kept-alive connections held."""
     (pod,) = pod_factory(1)
-    act = activator_factory(make_config([pod], limits={"max_connections": 3}))
+    act = activator_factory(faults_config([pod], top={"limits": {"max_connections": 3}}))
     held = [Client(act.listen) for _ in range(3)]
     try:
         for c in held:  # each connection has been accepted and counted
@@ -578,7 +468,7 @@ def test_connections_over_max_connections_get_503_and_then_are_served_again(thre
         return request(act.listen, path="/delay?ms=0").status == 200
 
     wait_until(served, message="new connections are served once the held ones closed")
-    assert_idle(act)
+    act.wait_idle()
 
 
 def test_a_client_sending_at_once_over_max_connections_sees_the_503(three_held):
@@ -592,15 +482,11 @@ def test_a_client_sending_at_once_over_max_connections_sees_the_503(three_held):
     assert pod.stats()["count"] == count
 
 
-def test_idle_keep_alive_connection_is_closed_after_client_timeout(
-    pod_factory, activator_factory
-):
+def test_idle_keep_alive_connection_is_closed_after_client_timeout(pod_factory, activator_factory):
     (pod,) = pod_factory(1)
-    act = activator_factory(make_config([pod], limits={"client_timeout": "1s"}))
+    act = activator_factory(faults_config([pod], top={"limits": {"client_timeout": "1s"}}))
 
-    sock = send_raw(
-        act.listen, b"GET /delay?ms=0 HTTP/1.1\r\nHost: x\r\n\r\n", timeout=30
-    )
+    sock = send_raw(act.listen, b"GET /delay?ms=0 HTTP/1.1\r\nHost: x\r\n\r\n", timeout=30)
     try:
         data = b""
         while b"\r\n\r\n" not in data:
@@ -622,7 +508,7 @@ def test_idle_keep_alive_connection_is_closed_after_client_timeout(
 
 def test_slowloris_gets_408_or_is_closed(pod_factory, activator_factory):
     (pod,) = pod_factory(1)
-    act = activator_factory(make_config([pod], limits={"client_timeout": "2s"}))
+    act = activator_factory(faults_config([pod], top={"limits": {"client_timeout": "2s"}}))
 
     sock = send_raw(act.listen, b"GET /delay?ms=0 HTTP/1.1\r\nHost: x\r\n", timeout=30)
     sent_lines = 0
@@ -630,7 +516,7 @@ def test_slowloris_gets_408_or_is_closed(pod_factory, activator_factory):
     try:
         # One header line every 200 ms, for at most 30 s: each byte arrives well within
         # client_timeout, but the head as a whole never does.
-        for sent_lines in range(150):  # noqa: B007
+        for sent_lines in range(150):
             readable = selectors.DefaultSelector()
             readable.register(sock, selectors.EVENT_READ)
             if readable.select(0.2):
@@ -653,11 +539,9 @@ def test_slowloris_gets_408_or_is_closed(pod_factory, activator_factory):
     assert request(act.listen, path="/delay?ms=0").status == 200
 
 
-def test_hundreds_of_idle_and_slow_connections_do_not_starve_real_requests(
-    pod_factory, activator_factory
-):
+def test_hundreds_of_idle_and_slow_connections_do_not_starve_real_requests(pod_factory, activator_factory):
     pods = pod_factory(2)
-    act = activator_factory(make_config(pods, limits={"client_timeout": "2s"}))
+    act = activator_factory(faults_config(pods, top={"limits": {"client_timeout": "2s"}}))
     host, port = act.listen.split(":")
 
     idle: list[socket.socket] = []
@@ -698,19 +582,17 @@ def test_hundreds_of_idle_and_slow_connections_do_not_starve_real_requests(
                     continue  # EOF follows
                 sel.unregister(s)
                 open_.discard(s)
-        assert not open_, (
-            f"{len(open_)} idle connections still open after client_timeout"
-        )
+        assert not open_, f"{len(open_)} idle connections still open after client_timeout"
     finally:
         for s in idle:
             s.close()
     assert sum(p.stats()["count"] for p in pods) == 10
-    assert_idle(act)
+    act.wait_idle()
 
 
 def test_memory_stays_bounded_under_a_full_queue(pod_factory, activator_factory):
     (pod,) = pod_factory(1)
-    act = activator_factory(make_config([pod], queue_depth=50, queue_timeout="120s"))
+    act = activator_factory(faults_config([pod], queue_depth=50, queue_timeout="120s"))
     n_clients = 300
 
     statuses: list[tuple[int, str | None]] = []
@@ -719,8 +601,8 @@ def test_memory_stays_bounded_under_a_full_queue(pod_factory, activator_factory)
     def client(i: int) -> None:
         try:
             r = request(act.listen, path="/delay?ms=0", timeout=120)
-            item = (r.status, reason(r))
-        except Exception as exc:  # noqa: BLE001 - reported below
+            item = (r.status, activator_reason(r))
+        except Exception as exc:
             item = (-1, repr(exc))
         with lock:
             statuses.append(item)
@@ -729,10 +611,7 @@ def test_memory_stays_bounded_under_a_full_queue(pod_factory, activator_factory)
     # The hold: an endless stream holding the only slot until this test lets go.
     with stream(act.listen, path="/sse?n=1000000&gap_ms=100") as hold:
         read_event(hold)
-        threads = [
-            threading.Thread(target=client, args=(i,), daemon=True)
-            for i in range(n_clients)
-        ]
+        threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(n_clients)]
         for t in threads:
             t.start()
         # The excess is answered while the slot is still held: at once, not after a wait.
@@ -741,9 +620,7 @@ def test_memory_stays_bounded_under_a_full_queue(pod_factory, activator_factory)
             timeout=60,
             message=lambda: f"{len(statuses)} answers so far",
         )
-        st = act.wait_for(
-            lambda st: svc(st)["queued"] == 50, message="the queue is full"
-        )
+        st = act.wait_for(lambda st: svc(st)["queued"] == 50, message="the queue is full")
         rss_full = rss_kib(act.pid)
         with lock:
             early = list(statuses)
@@ -758,13 +635,10 @@ def test_memory_stays_bounded_under_a_full_queue(pod_factory, activator_factory)
     late = statuses[len(early) :]
     assert late == [(200, None)] * 50, sorted(set(late))
     rss_after = rss_kib(act.pid)
-    print(
-        f"\nRSS KiB: before {rss_before}, queue full {rss_full}, after {rss_after}; "
-        f"{n_clients} clients, 50 queued"
-    )
+    print(f"\nRSS KiB: before {rss_before}, queue full {rss_full}, after {rss_after}; {n_clients} clients, 50 queued")
     assert rss_full < 200 * 1024 and rss_after < 200 * 1024
     assert pod.stats()["count"] == 51
-    assert_idle(act)
+    act.wait_idle()
 
 
 # --------------------------------------------------------------------------------------
@@ -773,17 +647,15 @@ def test_memory_stays_bounded_under_a_full_queue(pod_factory, activator_factory)
 
 def test_only_configured_hosts_are_reachable(pod_factory, activator_factory):
     (pod,) = pod_factory(1)
-    act = activator_factory(make_config([pod], hosts=["api.example.com"]))
+    act = activator_factory(faults_config([pod], hosts=["api.example.com"]))
 
     unknown = request(act.listen, path="/delay?ms=0", host="elsewhere.example.com")
-    assert unknown.status == 404 and reason(unknown) == "unknown-host"
-    status, headers = parse_head(
-        raw_exchange(act, b"GET /delay?ms=0 HTTP/1.0\r\n\r\n")
-    )  # no Host
+    assert unknown.status == 404 and activator_reason(unknown) == "unknown-host"
+    status, headers = parse_head(raw_exchange(act, b"GET /delay?ms=0 HTTP/1.0\r\n\r\n"))  # no Host
     assert status == 404 and headers.get("x-activator-reason") == "unknown-host"
     # The pod's own address as the Host is not a way in either.
     as_pod = request(act.listen, path="/delay?ms=0", host=pod.address)
-    assert as_pod.status == 404 and reason(as_pod) == "unknown-host"
+    assert as_pod.status == 404 and activator_reason(as_pod) == "unknown-host"
     assert pod.stats()["count"] == 0
 
 
@@ -806,17 +678,13 @@ def test_only_configured_hosts_are_reachable(pod_factory, activator_factory):
         "asterisk",
     ],
 )
-def test_absolute_form_and_connect_are_refused(
-    pod_factory, activator_factory, request_line
-):
+def test_absolute_form_and_connect_are_refused(pod_factory, activator_factory, request_line):
     (pod,) = pod_factory(1)
-    act = activator_factory(make_config([pod], hosts=["api.example.com"]))
+    act = activator_factory(faults_config([pod], hosts=["api.example.com"]))
 
     line = request_line.replace(b"{pod}", pod.address.encode())
     for host in (b"api.example.com", pod.address.encode()):
-        answer = raw_exchange(
-            act, line + b"\r\nHost: " + host + b"\r\nConnection: close\r\n\r\n"
-        )
+        answer = raw_exchange(act, line + b"\r\nHost: " + host + b"\r\nConnection: close\r\n\r\n")
         status, headers = parse_head(answer)
         assert status == 400, answer
         assert headers.get("x-activator-reason") == "bad-request-target", answer
@@ -826,11 +694,11 @@ def test_absolute_form_and_connect_are_refused(
 
 def test_admin_api_is_not_served_on_the_proxy_port(pod_factory, activator_factory):
     (pod,) = pod_factory(1)
-    act = activator_factory(make_config([pod], hosts=["api.example.com"]))
+    act = activator_factory(faults_config([pod], hosts=["api.example.com"]))
 
     for path in ("/status", "/healthz", "/readyz", "/"):
         resp = request(act.listen, path=path, host="admin.example.com")
-        assert resp.status == 404 and reason(resp) == "unknown-host", path
+        assert resp.status == 404 and activator_reason(resp) == "unknown-host", path
         with pytest.raises(ValueError):
             json.loads(resp.body)
     # With the service's Host, /status is a path like any other: it goes to the pod.
@@ -842,8 +710,8 @@ def test_admin_api_is_not_served_on_the_proxy_port(pod_factory, activator_factor
 
 def test_admin_api_off_loopback_is_warned_about(pod_factory, activator_factory):
     (pod,) = pod_factory(1)
-    listen_port, admin_port = free_port(), free_port()
-    config = make_config([pod])
+    listen_port, admin_port = free_ports(2)
+    config = faults_config([pod])
     config["listen"] = f"127.0.0.1:{listen_port}"
     config["admin"] = f"0.0.0.0:{admin_port}"
     # Not waited for through the admin API: this test connects to loopback only.

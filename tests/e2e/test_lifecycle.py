@@ -14,16 +14,21 @@ import re
 import threading
 import time
 from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
 import pytest
 from harness import (
+    SERVICE,
     Activator,
     Client,
     Pod,
     concurrent_requests,
     find_pod,
+    make_config,
+    pod_entry,
     pod_state,
+    probe_config,
     request,
     start_request,
     wait_until,
@@ -31,28 +36,10 @@ from harness import (
 
 pytestmark = pytest.mark.binary
 
-SERVICE = "api"
+#: One catch-all service ``api``, cc 1, no probe, first-available (the first listed
+#: free pod gets a request, so a test knows where it lands).
+lifecycle_config = partial(make_config, lb_policy="first-available", queue_timeout="30s")
 FAST_WATCH = {"ACTIVATOR_WATCH_INTERVAL": "0.2"}
-
-
-def pod_entry(pod: Pod | str, drain: bool = False) -> Any:
-    address = pod if isinstance(pod, str) else pod.address
-    return {"address": address, "drain": True} if drain else address
-
-
-def make_config(pods: Sequence[Any], **service: Any) -> dict[str, Any]:
-    """One catch-all service ``api``, cc 1, no probe, first-available (the first listed
-    free pod gets a request, so a test knows where it lands)."""
-    svc: dict[str, Any] = {
-        "hosts": ["*"],
-        "container_concurrency": 1,
-        "lb_policy": "first-available",
-        "probe": None,
-        "queue_timeout": "30s",
-        "pods": [p if isinstance(p, (str, dict)) else p.address for p in pods],
-    }
-    svc.update(service)
-    return {"access_log": False, "services": {SERVICE: svc}}
 
 
 def start(activator_factory: Any, config: Any, **kwargs: Any) -> Activator:
@@ -70,18 +57,7 @@ def pod_in(status: dict[str, Any], pod: Pod) -> dict[str, Any] | None:
     return find_pod(status, SERVICE, pod.address)
 
 
-def all_idle(status: dict[str, Any]) -> bool:
-    svc = svc_status(status)
-    return (
-        svc["in_flight"] == 0
-        and svc["queued"] == 0
-        and all(p["in_flight"] == 0 for p in svc["pods"])
-    )
-
-
-def get(
-    act: Activator, path: str = "/delay?ms=10", request_id: str | None = None
-) -> Any:
+def get(act: Activator, path: str = "/delay?ms=10", request_id: str | None = None) -> Any:
     headers = {"X-Request-Id": request_id} if request_id else None
     return request(act.listen, path=path, headers=headers)
 
@@ -90,45 +66,31 @@ def get(
 # trackers outlive reloads
 
 
-def test_unlist_and_relist_busy_pod_never_exceeds_its_limit(
-    pod_factory, activator_factory
-):
+def test_unlist_and_relist_busy_pod_never_exceeds_its_limit(pod_factory, activator_factory):
     a, b = pod_factory(2)
-    act = start(activator_factory, make_config([a, b]))
+    act = start(activator_factory, lifecycle_config([a, b]))
 
-    long = start_request(
-        act.listen, path="/delay?ms=5000", headers={"X-Request-Id": "long"}
-    )
+    long = start_request(act.listen, path="/delay?ms=5000", headers={"X-Request-Id": "long"})
     try:
         wait_until(lambda: a.stats()["in_flight"] == 1, message="long request on A")
         assert a.stats()["request_ids"] == ["long"]
 
-        act.rewrite_config(make_config([b]))  # unlist A while it works
+        act.rewrite_config(lifecycle_config([b]))  # unlist A while it works
         act.wait_for(
-            lambda st: (p := pod_in(st, a)) is not None
-            and p["state"] == "draining"
-            and p["in_flight"] == 1,
+            lambda st: (p := pod_in(st, a)) is not None and p["state"] == "draining" and p["in_flight"] == 1,
             message="A draining with its request in flight",
         )
-        act.rewrite_config(make_config([a, b]))  # list it again
+        act.rewrite_config(lifecycle_config([a, b]))  # list it again
         st = act.wait_for(
-            lambda st: (p := pod_in(st, a)) is not None
-            and p["listed"]
-            and p["state"] != "draining",
+            lambda st: (p := pod_in(st, a)) is not None and p["listed"] and p["state"] != "draining",
             message="A listed again",
         )
-        assert pod_in(st, a)["in_flight"] == 1, (
-            "A lost its in-flight count on re-listing"
-        )
-        assert a.stats()["in_flight"] == 1, (
-            "the long request ended too early for this test"
-        )
+        assert pod_in(st, a)["in_flight"] == 1, "A lost its in-flight count on re-listing"
+        assert a.stats()["in_flight"] == 1, "the long request ended too early for this test"
 
         # More requests than free slots (only B's one is free): A must not get any
         # while its long request runs.
-        results = concurrent_requests(
-            6, lambda i: get(act, "/delay?ms=100", f"burst-{i}")
-        )
+        results = concurrent_requests(6, lambda i: get(act, "/delay?ms=100", f"burst-{i}"))
         assert [r.status for r in results] == [200] * 6
         assert a.stats()["peak"] == 1
         assert b.stats()["peak"] == 1
@@ -140,29 +102,23 @@ def test_unlist_and_relist_busy_pod_never_exceeds_its_limit(
         long.close()
     assert a.stats()["peak"] == 1
     assert b.stats()["peak"] == 1
-    st = act.wait_for(all_idle, message="every count back to zero")
+    st = act.wait_idle()
     assert pod_state(st, SERVICE, a.address) == "healthy"
 
 
 def test_drain_with_a_request_in_flight(pod_factory, activator_factory):
     a, b = pod_factory(2)
-    act = start(activator_factory, make_config([a, b]))
+    act = start(activator_factory, lifecycle_config([a, b]))
 
-    long = start_request(
-        act.listen, path="/delay?ms=2000", headers={"X-Request-Id": "long"}
-    )
+    long = start_request(act.listen, path="/delay?ms=2000", headers={"X-Request-Id": "long"})
     try:
         wait_until(lambda: a.stats()["in_flight"] == 1, message="long request on A")
-        act.rewrite_config(make_config([pod_entry(a, drain=True), b]))
+        act.rewrite_config(lifecycle_config([pod_entry(a, drain=True), b]))
         act.wait_for(
-            lambda st: (p := pod_in(st, a)) is not None
-            and p["state"] == "draining"
-            and p["in_flight"] == 1,
+            lambda st: (p := pod_in(st, a)) is not None and p["state"] == "draining" and p["in_flight"] == 1,
             message="A draining with its request in flight",
         )
-        results = concurrent_requests(
-            5, lambda i: get(act, "/delay?ms=50", f"after-{i}")
-        )
+        results = concurrent_requests(5, lambda i: get(act, "/delay?ms=50", f"after-{i}"))
         assert [r.status for r in results] == [200] * 5
         assert all(r.headers["X-Pod"] == b.address for r in results)
 
@@ -179,16 +135,16 @@ def test_drain_with_a_request_in_flight(pod_factory, activator_factory):
     for i in range(3):
         assert get(act, request_id=f"later-{i}").status == 200
     assert a.stats()["count"] == 1
-    st = act.wait_for(all_idle, message="every count back to zero")
+    st = act.wait_idle()
     assert svc_status(st)["capacity"] == 1  # the removed pod does not count
 
 
 def test_unlisting_an_idle_pod_removes_it_from_status(pod_factory, activator_factory):
     a, b = pod_factory(2)
-    act = start(activator_factory, make_config([a, b]))
+    act = start(activator_factory, lifecycle_config([a, b]))
     assert get(act).status == 200
 
-    act.rewrite_config(make_config([b]))
+    act.rewrite_config(lifecycle_config([b]))
     act.wait_pod_state(SERVICE, a.address, None)
     before = a.stats()["count"]
     results = concurrent_requests(4, lambda i: get(act, "/delay?ms=20"))
@@ -203,14 +159,12 @@ def test_unlisting_an_idle_pod_removes_it_from_status(pod_factory, activator_fac
 
 def test_broken_file_keeps_the_old_config_serving(pod_factory, activator_factory):
     (a,) = pod_factory(1)
-    act = start(activator_factory, make_config([a]))
+    act = start(activator_factory, lifecycle_config([a]))
     assert act.status()["config"]["last_error"] is None
 
     # 1. YAML syntax error.
     act.rewrite_config("access_log: false\nservices:\n  api: [unclosed\n    hosts: x\n")
-    st = act.wait_for(
-        lambda st: st["config"]["last_error"], message="syntax error reported"
-    )
+    st = act.wait_for(lambda st: st["config"]["last_error"], message="syntax error reported")
     error = st["config"]["last_error"]
     assert re.search(r"activator\.yaml:\d+", error), error
     assert get(act).status == 200  # old config keeps serving
@@ -240,10 +194,9 @@ def test_broken_file_keeps_the_old_config_serving(pod_factory, activator_factory
 
     # 3. A good file clears the error and is applied.
     (b,) = pod_factory(1)
-    act.rewrite_config(make_config([b]))
+    act.rewrite_config(lifecycle_config([b]))
     st = act.wait_for(
-        lambda st: st["config"]["last_error"] is None
-        and pod_state(st, SERVICE, b.address) == "healthy",
+        lambda st: st["config"]["last_error"] is None and pod_state(st, SERVICE, b.address) == "healthy",
         message="good file applied",
     )
     assert get(act).headers["X-Pod"] == b.address
@@ -252,12 +205,10 @@ def test_broken_file_keeps_the_old_config_serving(pod_factory, activator_factory
 @pytest.mark.parametrize("how", ["atomic-rename", "in-place-write", "symlink-swap"])
 def test_file_changes_are_picked_up(pod_factory, activator_factory, how):
     a, b = pod_factory(2)
-    act = start(
-        activator_factory, make_config([a]), use_symlink=(how == "symlink-swap")
-    )
+    act = start(activator_factory, lifecycle_config([a]), use_symlink=(how == "symlink-swap"))
     assert get(act).headers["X-Pod"] == a.address
 
-    new = make_config([b, a], container_concurrency=2)
+    new = lifecycle_config([b, a], container_concurrency=2)
     if how == "atomic-rename":
         act.rewrite_config(new)
     elif how == "in-place-write":
@@ -267,15 +218,14 @@ def test_file_changes_are_picked_up(pod_factory, activator_factory, how):
         assert act.config_path.is_symlink()
 
     st = act.wait_for(
-        lambda st: pod_state(st, SERVICE, b.address) == "healthy"
-        and svc_status(st)["container_concurrency"] == 2,
+        lambda st: pod_state(st, SERVICE, b.address) == "healthy" and svc_status(st)["container_concurrency"] == 2,
         message=f"{how} picked up",
     )
     assert svc_status(st)["capacity"] == 4
     assert get(act).headers["X-Pod"] == b.address
 
     # And a second change the same way (the watcher keeps following the file).
-    again = make_config([a])
+    again = lifecycle_config([a])
     if how == "atomic-rename":
         act.rewrite_config(again)
     elif how == "in-place-write":
@@ -288,16 +238,14 @@ def test_file_changes_are_picked_up(pod_factory, activator_factory, how):
 def test_sighup_forces_a_reread(pod_factory, activator_factory):
     a, b = pod_factory(2)
     # The watcher effectively never polls: only SIGHUP can bring the change in.
-    act = start(
-        activator_factory, make_config([a]), env={"ACTIVATOR_WATCH_INTERVAL": "3600"}
-    )
+    act = start(activator_factory, lifecycle_config([a]), env={"ACTIVATOR_WATCH_INTERVAL": "3600"})
 
-    act.rewrite_config(make_config([a, b]))
+    act.rewrite_config(lifecycle_config([a, b]))
     # (Not asserting the change is *not* seen without SIGHUP: that would be a timing.)
     act.reload()
     act.wait_pod_state(SERVICE, b.address, "healthy")
 
-    act.write_config_in_place(make_config([b]))
+    act.write_config_in_place(lifecycle_config([b]))
     act.reload()
     act.wait_pod_state(SERVICE, a.address, None)
     assert get(act).headers["X-Pod"] == b.address
@@ -307,24 +255,9 @@ def test_sighup_forces_a_reread(pod_factory, activator_factory):
 # health: active probes and passive ejection
 
 
-def probe(interval: str = "200ms", **kw: Any) -> dict[str, Any]:
-    return {
-        "path": "/healthz",
-        "interval": interval,
-        "timeout": "1s",
-        "healthy_after": 1,
-        "unhealthy_after": 2,
-        **kw,
-    }
-
-
-def test_pod_failing_its_probe_gets_nothing_until_it_passes(
-    pod_factory, activator_factory
-):
+def test_pod_failing_its_probe_gets_nothing_until_it_passes(pod_factory, activator_factory):
     (sick,) = pod_factory(1, fail_health=True)
-    act = start(
-        activator_factory, make_config([sick], probe=probe(), queue_timeout="1s")
-    )
+    act = start(activator_factory, lifecycle_config([sick], probe=probe_config(), queue_timeout="1s"))
 
     st = act.status()
     assert pod_state(st, SERVICE, sick.address) == "pending"
@@ -351,9 +284,7 @@ def test_pod_failing_its_probe_gets_nothing_until_it_passes(
 
 def test_queued_request_is_served_once_the_probe_passes(pod_factory, activator_factory):
     (sick,) = pod_factory(1, fail_health=True)
-    act = start(
-        activator_factory, make_config([sick], probe=probe(), queue_timeout="30s")
-    )
+    act = start(activator_factory, lifecycle_config([sick], probe=probe_config(), queue_timeout="30s"))
     act.wait_for(
         lambda st: pod_in(st, sick)["seconds_in_state"] >= 0.6,
         message="probes had time to run",
@@ -371,20 +302,16 @@ def test_queued_request_is_served_once_the_probe_passes(pod_factory, activator_f
     finally:
         waiting.close()
     assert sick.stats()["count"] == 1
-    act.wait_for(all_idle)
+    act.wait_idle()
 
 
-def test_new_pod_under_probe_starts_pending_and_serves_only_after_passing(
-    pod_factory, activator_factory
-):
+def test_new_pod_under_probe_starts_pending_and_serves_only_after_passing(pod_factory, activator_factory):
     (a,) = pod_factory(1)
-    act = start(activator_factory, make_config([a], probe=probe()))
+    act = start(activator_factory, lifecycle_config([a], probe=probe_config()))
     act.wait_pod_state(SERVICE, a.address, "healthy")
 
     (b,) = pod_factory(1, fail_health=True)
-    act.rewrite_config(
-        make_config([b, a], probe=probe())
-    )  # b first: preferred once healthy
+    act.rewrite_config(lifecycle_config([b, a], probe=probe_config()))  # b first: preferred once healthy
     st = act.wait_for(lambda st: pod_in(st, b) is not None, message="b listed")
     assert pod_state(st, SERVICE, b.address) == "pending"
     act.wait_for(
@@ -409,7 +336,7 @@ def test_passive_ejection_and_return_via_probes(pod_factory, activator_factory):
     flaky, steady = pod_factory(2)
     # Probes every 2 s: two failed probes take at least one full interval, so the
     # ejection seen right after two failed requests is the passive one.
-    config = make_config([flaky, steady], probe=probe(interval="2s", unhealthy_after=2))
+    config = lifecycle_config([flaky, steady], probe=probe_config(interval="2s", unhealthy_after=2))
     act = start(activator_factory, config)
     act.wait_for(
         lambda st: all(p["state"] == "healthy" for p in svc_status(st)["pods"]),
@@ -425,9 +352,7 @@ def test_passive_ejection_and_return_via_probes(pod_factory, activator_factory):
     st = act.status()
     entry = pod_in(st, flaky)
     assert entry["state"] == "pending", entry
-    connect_errors = sum(
-        n for k, n in entry["transport_failures"].items() if k.startswith("connect")
-    )
+    connect_errors = sum(n for k, n in entry["transport_failures"].items() if k.startswith("connect"))
     assert connect_errors >= 1, entry
 
     # Other pods keep serving, and the pending pod is not tried any more.
@@ -442,7 +367,7 @@ def test_passive_ejection_and_return_via_probes(pod_factory, activator_factory):
     resp = get(act)
     assert resp.status == 200 and resp.headers["X-Pod"] == flaky.address
     assert flaky.stats()["count"] == 1
-    act.wait_for(all_idle)
+    act.wait_idle()
 
 
 # --------------------------------------------------------------------------------------
@@ -461,10 +386,7 @@ class _Load:
         self.failures: list[str] = []
         self.by_pod: dict[str, int] = {}
         self._lock = threading.Lock()
-        self._threads = [
-            threading.Thread(target=self._run, args=(i,), daemon=True)
-            for i in range(threads)
-        ]
+        self._threads = [threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(threads)]
 
     def __enter__(self) -> _Load:
         for t in self._threads:
@@ -484,10 +406,8 @@ class _Load:
                 n += 1
                 try:
                     path = self.paths[(i + n) % len(self.paths)]
-                    resp = client.request(
-                        "GET", path, headers={"X-Request-Id": f"c{i}-{n}"}
-                    )
-                except Exception as exc:  # noqa: BLE001 - every failure is counted
+                    resp = client.request("GET", path, headers={"X-Request-Id": f"c{i}-{n}"})
+                except Exception as exc:  # every failure is counted
                     with self._lock:
                         self.failures.append(f"c{i}-{n}: {exc!r}")
                     client.close()
@@ -499,9 +419,7 @@ class _Load:
                         pod = resp.headers.get("X-Pod", "?")
                         self.by_pod[pod] = self.by_pod.get(pod, 0) + 1
                     else:
-                        self.failures.append(
-                            f"c{i}-{n}: {resp.status} {resp.headers.get('X-Activator-Reason')}"
-                        )
+                        self.failures.append(f"c{i}-{n}: {resp.status} {resp.headers.get('X-Activator-Reason')}")
         finally:
             client.close()
 
@@ -523,9 +441,7 @@ def test_churn_under_load(pod_factory, activator_factory):
         # listed: pod -> drain flag; order shuffled so every pod is sometimes first.
         entries = [pod_entry(p, drain) for p, drain in listed.items()]
         rng.shuffle(entries)
-        return make_config(
-            entries, queue_depth=1000, queue_timeout="60s", lb_policy="auto"
-        )
+        return lifecycle_config(entries, queue_depth=1000, queue_timeout="60s", lb_policy="auto")
 
     act = start(activator_factory, config({pods[0]: False, pods[1]: False}))
     edits = 0
@@ -548,20 +464,17 @@ def test_churn_under_load(pod_factory, activator_factory):
                 listed[rng.choice(pods)] = False  # always one pod listed and undrained
             act.rewrite_config(config(listed))
             edits += 1
-            layouts.append(
-                " ".join(
-                    ("S" if not listed[p] else "D") if p in listed else "-"
-                    for p in pods
-                )
-            )
+            layouts.append(" ".join(("S" if not listed[p] else "D") if p in listed else "-" for p in pods))
             # Pacing the edits, not a wait for an effect.
             time.sleep(rng.uniform(0.2, 0.3))
         # End with every pod serving, and let the load run on it a moment.
         act.rewrite_config(config({p: False for p in pods}))
         edits += 1
         act.wait_for(
-            lambda st: all(p["state"] == "healthy" for p in svc_status(st)["pods"])
-            and len(svc_status(st)["pods"]) == len(pods),
+            lambda st: (
+                all(p["state"] == "healthy" for p in svc_status(st)["pods"])
+                and len(svc_status(st)["pods"]) == len(pods)
+            ),
             message="all pods listed at the end",
         )
         total_at_end = load.total
@@ -570,7 +483,7 @@ def test_churn_under_load(pod_factory, activator_factory):
             message="load continues after churn",
         )
 
-    st = act.wait_for(all_idle, message="every count back to zero after churn")
+    st = act.wait_idle(message="every count back to zero after churn")
     peaks = {p.address: p.stats()["peak"] for p in pods}
     counts = {p.address: p.stats()["count"] for p in pods}
     reloads = len(re.findall(r"config reload \([^)]*\) applied", act.stderr_text()))

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from harness import Activator, Pod, StatsdReceiver, request, stream
+from harness import Activator, Pod, StatsdReceiver, make_config, request, stream
 
 pytestmark = pytest.mark.binary
 
@@ -19,19 +19,8 @@ HOST = "api.test"
 
 
 def config(receiver: StatsdReceiver, pod: Pod, *, tags: bool = False) -> dict[str, Any]:
-    return {
-        "access_log": False,
-        "statsd": {"address": receiver.address, "prefix": "t", "tags": tags},
-        "services": {
-            "api": {
-                "hosts": [HOST],
-                "container_concurrency": 1,
-                "queue_depth": 0,
-                "probe": None,
-                "pods": [pod.address],
-            }
-        },
-    }
+    statsd = {"address": receiver.address, "prefix": "t", "tags": tags}
+    return make_config([pod], hosts=[HOST], queue_depth=0, top={"statsd": statsd})
 
 
 def test_counters_timers_gauges_and_reloads(

@@ -24,11 +24,13 @@ import json
 import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
 from harness import (
+    LOCALHOST,
     Activator,
     Pod,
     concurrent_requests,
@@ -36,29 +38,18 @@ from harness import (
     free_ports,
     request,
     run_cli,
+    service_config,
     wait_until,
 )
 
 pytestmark = pytest.mark.binary
 
-LOCALHOST = "127.0.0.1"
+#: A service of the fleet's files: ``service(pods, hosts=[...], container_concurrency=N)``.
+service = partial(service_config, queue_depth=500, queue_timeout="30s")
 
 
 # --------------------------------------------------------------------------------------
 # helpers
-
-
-def service(host: str, pods: Sequence[Pod], cc: int, **extra: Any) -> dict[str, Any]:
-    svc: dict[str, Any] = {
-        "hosts": [host],
-        "container_concurrency": cc,
-        "probe": None,
-        "queue_depth": 500,
-        "queue_timeout": "30s",
-        "pods": [p.address for p in pods],
-    }
-    svc.update(extra)
-    return svc
 
 
 def fleet_config(name: str, peers: Mapping[str, str], services: Mapping[str, Any], **top: Any) -> dict[str, Any]:
@@ -109,16 +100,6 @@ def assert_exact_cover(table: Mapping[str, Mapping[str, int]], pods: Sequence[Po
     assert max(totals) - min(totals) <= 1, f"unbalanced: {table}"
 
 
-def wait_idle(act: Activator) -> None:
-    def idle(st: dict[str, Any]) -> bool:
-        return all(
-            s["in_flight"] == 0 and s["queued"] == 0 and all(p["in_flight"] == 0 for p in s["pods"])
-            for s in st["services"].values()
-        )
-
-    act.wait_for(idle, message="every count back to zero")
-
-
 def owner_of(acts: Mapping[str, Activator], service_name: str, pod: Pod) -> str:
     owners = [name for name, act in acts.items() if slots_of(act, service_name, pod.address)]
     assert len(owners) == 1, f"{pod.address} of {service_name} owned by {owners}"
@@ -151,7 +132,7 @@ class Load:
                 outcome: Any = resp.status
                 if resp.status != 200:
                     outcome = (resp.status, resp.headers.get("X-Activator-Reason"), self.phase)
-            except Exception as exc:  # noqa: BLE001 - recorded as a failure
+            except Exception as exc:  # recorded as a failure
                 outcome = repr(exc)
             with self._lock:
                 self.outcomes.append((act.listen, host, outcome))
@@ -195,7 +176,10 @@ def test_hammer_every_activator_no_cc1_pod_above_one(n, pod_factory, activator_f
     acts, _ = start_fleet(
         activator_factory,
         names,
-        {"api": service("api.test", pods, 1), "solo": service("solo.test", [solo], 1)},
+        {
+            "api": service(pods, hosts=["api.test"], container_concurrency=1),
+            "solo": service([solo], hosts=["solo.test"], container_concurrency=1),
+        },
     )
     order = [acts[name] for name in names]
     table = slot_table(acts, "api", pods)
@@ -221,14 +205,16 @@ def test_hammer_every_activator_no_cc1_pod_above_one(n, pod_factory, activator_f
     assert solo.stats()["peak"] == 1
     assert solo.stats()["count"] == 12
     for act in order:
-        wait_idle(act)
+        act.wait_idle()
 
 
 @pytest.mark.parametrize("n", [2, 3])
 def test_one_pod_service_is_served_through_every_activator(n, pod_factory, activator_factory):
     (solo,) = pod_factory(1)
     names = ["vm-a", "vm-b", "vm-c"][:n]
-    acts, peers = start_fleet(activator_factory, names, {"solo": service("solo.test", [solo], 1)})
+    acts, peers = start_fleet(
+        activator_factory, names, {"solo": service([solo], hosts=["solo.test"], container_concurrency=1)}
+    )
     owner = owner_of(acts, "solo", solo)
     for name, act in acts.items():
         svc = act.status()["services"]["solo"]
@@ -255,7 +241,7 @@ def test_one_pod_service_is_served_through_every_activator(n, pod_factory, activ
 
     # Every request reached the pod through the owner's slot.
     for name, act in acts.items():
-        wait_idle(act)
+        act.wait_idle()
         pod = find_pod(act.status(), "solo", solo.address)
         assert pod is not None
         assert pod["requests"] == (total if name == owner else 0), (name, pod)
@@ -263,7 +249,9 @@ def test_one_pod_service_is_served_through_every_activator(n, pod_factory, activ
 
 def test_cc2_pods_two_activators_own_one_slot_of_each(pod_factory, activator_factory):
     pods = pod_factory(2)
-    acts, _ = start_fleet(activator_factory, ["vm-a", "vm-b"], {"api": service("api.test", pods, 2)})
+    acts, _ = start_fleet(
+        activator_factory, ["vm-a", "vm-b"], {"api": service(pods, hosts=["api.test"], container_concurrency=2)}
+    )
     table = slot_table(acts, "api", pods)
     assert table == {name: {p.address: 1 for p in pods} for name in acts}, table
     for act in acts.values():
@@ -277,7 +265,7 @@ def test_cc2_pods_two_activators_own_one_slot_of_each(pod_factory, activator_fac
         assert 1 <= stats["peak"] <= 2, f"{pod.address} saw {stats['peak']} requests at once"
     assert sum(p.stats()["count"] for p in pods) == 30
     for act in order:
-        wait_idle(act)
+        act.wait_idle()
 
 
 def worker_private_addresses(act: Activator) -> list[str]:
@@ -319,7 +307,10 @@ def test_activators_with_two_workers_each(pod_factory, activator_factory):
     acts, peers = start_fleet(
         activator_factory,
         ["vm-a", "vm-b"],
-        {"api": service("api.test", pods, 1), "solo": service("solo.test", [solo], 1)},
+        {
+            "api": service(pods, hosts=["api.test"], container_concurrency=1),
+            "solo": service([solo], hosts=["solo.test"], container_concurrency=1),
+        },
         workers=2,
     )
     for act in acts.values():
@@ -333,26 +324,23 @@ def test_activators_with_two_workers_each(pod_factory, activator_factory):
     # A request marked as coming from the peer, straight to each worker of the owner:
     # the worker without the slot passes it to its sibling instead of queueing it.
     for address in worker_private_addresses(acts[owner]):
-        resp = request(address, path="/delay?ms=10", host="solo.test",
-                       headers={"X-Activator-Forwarded": "peer vm-x"})
+        resp = request(address, path="/delay?ms=10", host="solo.test", headers={"X-Activator-Forwarded": "peer vm-x"})
         assert resp.status == 200, (address, resp.status, resp.text)
 
     order = list(acts.values())
     plan = ["api.test"] * 30 + ["solo.test"] * 12
-    results = concurrent_requests(
-        len(plan), lambda i: request(order[i % 2].listen, path="/delay?ms=100", host=plan[i])
-    )
+    results = concurrent_requests(len(plan), lambda i: request(order[i % 2].listen, path="/delay?ms=100", host=plan[i]))
     assert [r.status for r in results] == [200] * len(plan)
     # (Which worker gets a connection is the kernel's choice, so a pod owned by one
     # worker may see no request at all: the limit is what is checked here.)
-    for pod in pods + [solo]:
+    for pod in [*pods, solo]:
         stats = pod.stats()
         assert stats["peak"] <= 1, f"{pod.address} saw {stats['peak']} requests at once"
     assert sum(p.stats()["count"] for p in pods) == 30
     assert solo.stats()["count"] == 12 + 2
     assert solo.stats()["peak"] == 1
     for act in order:
-        wait_idle(act)
+        act.wait_idle()
 
 
 # --------------------------------------------------------------------------------------
@@ -364,7 +352,10 @@ def removal_fleet(pod_factory: Callable[..., list[Pod]]) -> tuple[list[Pod], Pod
     pods = pod_factory(3)
     (solo,) = pod_factory(1)
     # queue_timeout: a request stranded in a queue shows up as a 503 well within the test.
-    services = {"api": service("api.test", pods, 2), "solo": service("solo.test", [solo], 1, queue_timeout="10s")}
+    services = {
+        "api": service(pods, hosts=["api.test"], container_concurrency=2),
+        "solo": service([solo], hosts=["solo.test"], container_concurrency=1, queue_timeout="10s"),
+    }
     return pods, solo, services
 
 
@@ -417,7 +408,7 @@ def test_peer_removed_under_load_gives_its_slots_away_with_zero_failures(pod_fac
     for pod in pods:
         assert pod.stats()["peak"] <= 2, f"{pod.address} saw {pod.stats()['peak']} at once"
     for act in remaining.values():
-        wait_idle(act)
+        act.wait_idle()
 
 
 def test_peer_added_back_under_load_gets_its_share_with_zero_failures(pod_factory, activator_factory):
@@ -469,7 +460,7 @@ def test_peer_added_back_under_load_gets_its_share_with_zero_failures(pod_factor
     for pod in pods:
         assert pod.stats()["peak"] <= 2, f"{pod.address} saw {pod.stats()['peak']} at once"
     for act in acts.values():
-        wait_idle(act)
+        act.wait_idle()
 
 
 # --------------------------------------------------------------------------------------
@@ -521,18 +512,27 @@ def test_an_activator_whose_own_pods_are_all_pending_forwards_instead_of_queuein
     owns fails its probe. That activator's capacity is 0, so its requests go to the
     peer, whose pod is healthy, instead of waiting out queue_timeout in its own queue."""
     pods = pod_factory(2)
-    services = {"api": service("api.test", pods, 1, probe={"path": "/healthz", "interval": "200ms"},
-                               queue_timeout="2s")}
+    services = {
+        "api": service(
+            pods,
+            hosts=["api.test"],
+            container_concurrency=1,
+            probe={"path": "/healthz", "interval": "200ms"},
+            queue_timeout="2s",
+        )
+    }
     acts, _ = start_fleet(activator_factory, ["vm-a", "vm-b"], services)
     for act in acts.values():
-        act.wait_for(lambda st: all(p["state"] == "healthy" for p in st["services"]["api"]["pods"]),
-                     message="both pods healthy")
+        act.wait_for(
+            lambda st: all(p["state"] == "healthy" for p in st["services"]["api"]["pods"]), message="both pods healthy"
+        )
     owner = {owner_of(acts, "api", pod): pod for pod in pods}
     assert set(owner) == {"vm-a", "vm-b"}, "each activator owns one pod"
     sick = owner["vm-a"]
     sick.set_health(False)
-    acts["vm-a"].wait_for(lambda st: find_pod(st, "api", sick.address)["state"] == "pending",
-                          message="vm-a's pod pending")
+    acts["vm-a"].wait_for(
+        lambda st: find_pod(st, "api", sick.address)["state"] == "pending", message="vm-a's pod pending"
+    )
     sick.reset()
     healthy = owner["vm-b"]
     healthy.reset()

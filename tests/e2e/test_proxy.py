@@ -3,8 +3,8 @@
 The real ``activator run`` (or ``$ACTIVATOR_BIN``) runs as a subprocess in front of
 ``tests/backend.py`` pods on 127.0.0.1 that record their own peak concurrency. Every
 test waits by polling (``/status``, the pods' ``/_stats``) with generous timeouts and
-never asserts on elapsed time. Most tests end with :func:`assert_idle`: every count in
-``/status`` back to zero, which is how a leaked slot (a path that forgot to release)
+never asserts on elapsed time. Most tests end with :meth:`Activator.wait_idle`: every count
+in ``/status`` back to zero, which is how a leaked slot (a path that forgot to release)
 shows up.
 """
 
@@ -12,22 +12,22 @@ from __future__ import annotations
 
 import hashlib
 import http.server
-
 import os
 import re
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from harness import (
+    SERVICE,
     Activator,
     Client,
-    Pod,
     concurrent_requests,
     download_pattern,
     find_pod,
     free_port,
+    make_config,
     read_all,
     request,
     send_raw,
@@ -39,39 +39,11 @@ from harness import (
 pytestmark = pytest.mark.binary
 
 MiB = 1024 * 1024
-SERVICE = "api"
-
-
-def make_config(pods: Sequence[Pod | str], **service: Any) -> dict[str, Any]:
-    """One service ``api`` (catch-all host, cc 1, no probe) over ``pods``."""
-    svc: dict[str, Any] = {
-        "hosts": ["*"],
-        "container_concurrency": 1,
-        "probe": None,
-        "pods": [p if isinstance(p, str) else p.address for p in pods],
-    }
-    svc.update(service)
-    return {"access_log": False, "services": {SERVICE: svc}}
 
 
 def service_status(act: Activator) -> dict[str, Any]:
     result: dict[str, Any] = act.status()["services"][SERVICE]
     return result
-
-
-def is_idle(status: dict[str, Any]) -> bool:
-    svc = status["services"][SERVICE]
-    return (
-        svc["in_flight"] == 0
-        and svc["queued"] == 0
-        and all(p["in_flight"] == 0 for p in svc["pods"])
-    )
-
-
-def assert_idle(act: Activator) -> dict[str, Any]:
-    """Wait until /status shows nothing queued or in flight, anywhere (a leaked slot
-    never gets there)."""
-    return act.wait_for(is_idle, message="every count back to zero")
 
 
 def reason(resp: Any) -> str | None:
@@ -86,9 +58,7 @@ def test_thirty_concurrent_requests_over_three_cc1_pods(pod_factory, activator_f
     pods = pod_factory(3)
     act = activator_factory(make_config(pods))
 
-    results = concurrent_requests(
-        30, lambda i: request(act.listen, path="/delay?ms=100")
-    )
+    results = concurrent_requests(30, lambda i: request(act.listen, path="/delay?ms=100"))
 
     assert [r.status for r in results] == [200] * 30
     served = {r.headers["X-Pod"] for r in results}
@@ -99,7 +69,7 @@ def test_thirty_concurrent_requests_over_three_cc1_pods(pod_factory, activator_f
         assert stats["count"] > 0
     assert sum(p.stats()["count"] for p in pods) == 30
 
-    st = assert_idle(act)
+    st = act.wait_idle()
     svc = st["services"][SERVICE]
     assert svc["in_flight"] == 0 and svc["queued"] == 0
     assert [p["in_flight"] for p in svc["pods"]] == [0, 0, 0]
@@ -143,7 +113,7 @@ def test_queue_overflow_answers_503_queue_full_at_once(pod_factory, activator_fa
         queued.close()
     assert pod.stats()["count"] == 2  # the refused one never reached the pod
     assert pod.stats()["peak"] == 1
-    assert_idle(act)
+    act.wait_idle()
 
 
 def test_queue_timeout_answers_503_queue_timeout(pod_factory, activator_factory):
@@ -165,7 +135,7 @@ def test_queue_timeout_answers_503_queue_timeout(pod_factory, activator_factory)
     finally:
         running.close()
     assert pod.stats()["count"] == 1  # the timed-out request never reached the pod
-    assert_idle(act)
+    act.wait_idle()
 
 
 # --------------------------------------------------------------------------------------
@@ -192,12 +162,10 @@ def test_routing_by_host(pod_factory, activator_factory):
         assert resp.headers["X-Pod"] == pod.address
         assert resp.json()["headers"]["host"] == host  # the original Host is kept
     assert pod.stats()["count"] == 4
-    assert_idle(act)
+    act.wait_idle()
 
 
-def test_absolute_form_target_is_refused_and_reaches_no_pod(
-    pod_factory, activator_factory
-):
+def test_absolute_form_target_is_refused_and_reaches_no_pod(pod_factory, activator_factory):
     (pod,) = pod_factory(1)
     act = activator_factory(make_config([pod]))
 
@@ -213,7 +181,7 @@ def test_absolute_form_target_is_refused_and_reaches_no_pod(
     assert pod.stats()["count"] == 0
     # The proxy still serves ordinary requests.
     assert request(act.listen, path="/delay").status == 200
-    assert_idle(act)
+    act.wait_idle()
 
 
 # --------------------------------------------------------------------------------------
@@ -227,7 +195,7 @@ def test_refused_connection_answers_502(activator_factory):
     resp = request(act.listen, path="/delay")
     assert resp.status == 502
     assert reason(resp) == "upstream-connect"
-    assert_idle(act)
+    act.wait_idle()
 
 
 def test_connect_failure_is_retried_once_on_another_pod(pod_factory, activator_factory):
@@ -242,15 +210,11 @@ def test_connect_failure_is_retried_once_on_another_pod(pod_factory, activator_f
         assert resp.headers["X-Pod"] == live.address
     assert live.stats()["count"] == 4
 
-    st = assert_idle(act)
+    st = act.wait_idle()
     dead = find_pod(st, SERVICE, closed)
     assert dead is not None
-    connect_errors = sum(
-        n for k, n in dead["transport_failures"].items() if k.startswith("connect")
-    )
-    assert connect_errors >= 1, (
-        dead
-    )  # the closed pod was tried, and the request retried
+    connect_errors = sum(n for k, n in dead["transport_failures"].items() if k.startswith("connect"))
+    assert connect_errors >= 1, dead  # the closed pod was tried, and the request retried
 
 
 def test_pod_slower_than_request_timeout_answers_504(pod_factory, activator_factory):
@@ -260,7 +224,7 @@ def test_pod_slower_than_request_timeout_answers_504(pod_factory, activator_fact
     resp = request(act.listen, path="/delay?ms=2500")
     assert resp.status == 504
     assert reason(resp) == "upstream-timeout"
-    assert_idle(act)  # the slot came back
+    act.wait_idle()  # the slot came back
     wait_until(lambda: pod.stats()["in_flight"] == 0)
     assert request(act.listen, path="/delay?ms=10").status == 200
 
@@ -269,9 +233,7 @@ def test_pod_slower_than_request_timeout_answers_504(pod_factory, activator_fact
 # bodies streaming both ways
 
 
-def test_large_upload_with_content_length_arrives_intact(
-    pod_factory, activator_factory
-):
+def test_large_upload_with_content_length_arrives_intact(pod_factory, activator_factory):
     (pod,) = pod_factory(1)
     act = activator_factory(make_config([pod]))
     body = os.urandom(4 * MiB)
@@ -290,7 +252,7 @@ def test_large_upload_with_content_length_arrives_intact(
     got = resp.json()
     assert got["length"] == len(body)
     assert got["sha256"] == hashlib.sha256(body).hexdigest()
-    assert_idle(act)
+    act.wait_idle()
 
 
 def test_large_chunked_upload_arrives_intact(pod_factory, activator_factory):
@@ -307,7 +269,7 @@ def test_large_chunked_upload_arrives_intact(pod_factory, activator_factory):
     got = resp.json()
     assert got["length"] == len(body)
     assert got["sha256"] == hashlib.sha256(body).hexdigest()
-    assert_idle(act)
+    act.wait_idle()
 
 
 def test_large_download_arrives_intact(pod_factory, activator_factory):
@@ -319,7 +281,7 @@ def test_large_download_arrives_intact(pod_factory, activator_factory):
     assert resp.status == 200
     assert len(resp.body) == size
     assert resp.body == download_pattern(size)
-    assert_idle(act)
+    act.wait_idle()
 
 
 def test_server_sent_events_arrive_chunk_by_chunk(pod_factory, activator_factory):
@@ -343,7 +305,7 @@ def test_server_sent_events_arrive_chunk_by_chunk(pod_factory, activator_factory
         rest = resp.read()
     events = re.findall(rb"^id: (\d+)$", rest, re.M)
     assert events == [b"1", b"2", b"3", b"4"]
-    assert_idle(act)
+    act.wait_idle()
 
 
 # --------------------------------------------------------------------------------------
@@ -382,7 +344,7 @@ def test_forwarded_headers_and_hop_by_hop_headers(pod_factory, activator_factory
     for name in ("x-custom", "keep-alive", "te", "upgrade", "proxy-authorization"):
         assert name not in seen, f"hop-by-hop header {name} was forwarded: {seen}"
     assert seen.get("connection", "").lower() in ("", "keep-alive")
-    assert_idle(act)
+    act.wait_idle()
 
 
 def test_x_forwarded_for_is_set_without_a_client_value(pod_factory, activator_factory):
@@ -395,17 +357,11 @@ def test_x_forwarded_for_is_set_without_a_client_value(pod_factory, activator_fa
 
 
 @pytest.mark.parametrize("method", ["PUT", "DELETE", "PATCH", "OPTIONS", "POST"])
-def test_methods_pass_through_with_target_untouched(
-    pod_factory, activator_factory, method
-):
+def test_methods_pass_through_with_target_untouched(pod_factory, activator_factory, method):
     (pod,) = pod_factory(1)
     act = activator_factory(make_config([pod]))
     target = "/echo/a%20b%2Fc/%7Euser?q=%41%2B%2b&x=1&empty=&sp=a+b&pct=%25"
-    body = (
-        b"payload for " + method.encode()
-        if method in ("PUT", "PATCH", "POST")
-        else None
-    )
+    body = b"payload for " + method.encode() if method in ("PUT", "PATCH", "POST") else None
 
     resp = request(act.listen, method, target, body=body)
     assert resp.status == 200
@@ -416,7 +372,7 @@ def test_methods_pass_through_with_target_untouched(
     if body is not None:
         assert got["body_length"] == len(body)
         assert got["body_sha256"] == hashlib.sha256(body).hexdigest()
-    assert_idle(act)
+    act.wait_idle()
 
 
 def test_204_and_304_pass_and_release_their_slots(pod_factory, activator_factory):
@@ -434,7 +390,7 @@ def test_204_and_304_pass_and_release_their_slots(pod_factory, activator_factory
         assert ok.status == 200
         assert ok.body.startswith(b"status 200")
     assert pod.stats()["count"] == 3
-    assert_idle(act)
+    act.wait_idle()
 
 
 class _MiniPod(http.server.BaseHTTPRequestHandler):
@@ -458,10 +414,10 @@ class _MiniPod(http.server.BaseHTTPRequestHandler):
         if with_body:
             self.wfile.write(body)
 
-    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+    def do_GET(self) -> None:  # http.server's naming
         self._answer(True)
 
-    def do_HEAD(self) -> None:  # noqa: N802
+    def do_HEAD(self) -> None:  # http.server's naming
         self._answer(False)
 
     def log_message(self, format: str, *args: Any) -> None:
@@ -501,7 +457,7 @@ def test_head_passes_and_releases_its_slot(mini_pod, activator_factory):
             assert after.status == 200, (after.status, after.headers)
             assert after.body == b"/thing from mini pod\n"
     assert seen == ["HEAD /thing", "GET /thing"] * 3
-    assert_idle(act)
+    act.wait_idle()
 
 
 def test_head_to_the_test_backend_releases_its_slot(pod_factory, activator_factory):
@@ -511,7 +467,7 @@ def test_head_to_the_test_backend_releases_its_slot(pod_factory, activator_facto
     assert resp.status == 200
     assert resp.body == b""
     assert resp.headers["X-Pod"] == pod.address
-    assert_idle(act)  # before the fix, the slot was never released
+    act.wait_idle()  # before the fix, the slot was never released
 
 
 def test_multiple_set_cookie_headers_all_reach_the_client(mini_pod, activator_factory):
@@ -523,7 +479,7 @@ def test_multiple_set_cookie_headers_all_reach_the_client(mini_pod, activator_fa
         "a=1; Path=/",
         "b=2; Path=/; HttpOnly",
     ]
-    assert_idle(act)
+    act.wait_idle()
 
 
 # --------------------------------------------------------------------------------------
@@ -551,7 +507,7 @@ def test_status_counts_return_to_zero_after_mixed_load(pod_factory, activator_fa
 
     statuses = concurrent_requests(28, one)
     assert set(statuses) == {200, 204, 304, 500}, statuses
-    st = assert_idle(act)
+    st = act.wait_idle()
     svc = st["services"][SERVICE]
     assert svc["in_flight"] == 0 and svc["queued"] == 0
     for pod in svc["pods"]:

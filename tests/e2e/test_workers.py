@@ -25,37 +25,28 @@ import json
 import os
 import signal
 from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
 import pytest
 from harness import (
     Activator,
-    Pod,
     concurrent_requests,
     find_pod,
     request,
+    service_config,
     start_request,
     wait_until,
 )
 
 pytestmark = pytest.mark.binary
 
+#: A service of the workers' files: ``service(pods, hosts=[...], container_concurrency=N)``.
+service = partial(service_config, queue_depth=500, queue_timeout="30s")
+
 
 # --------------------------------------------------------------------------------------
 # helpers
-
-
-def service(host: str, pods: Sequence[Pod | str], cc: int, **extra: Any) -> dict[str, Any]:
-    svc: dict[str, Any] = {
-        "hosts": [host],
-        "container_concurrency": cc,
-        "probe": None,
-        "queue_depth": 500,
-        "queue_timeout": "30s",
-        "pods": [p if isinstance(p, str) else p.address for p in pods],
-    }
-    svc.update(extra)
-    return svc
 
 
 def workers_config(services: dict[str, Any], **top: Any) -> dict[str, Any]:
@@ -122,8 +113,10 @@ def worker_spec(pid: int) -> dict[str, Any]:
 def wait_workers(act: Activator, n: int = 2) -> list[int]:
     """Wait until the supervisor has ``n`` live worker children and is ready; their pids."""
     pids = wait_until(lambda: (p := workers_of(act)) and len(p) == n and p, message=f"{n} workers running")
-    act.wait_for(lambda st: st["ready"] and st["worker"]["count"] == n and all(w["ready"] for w in st["workers"]),
-                 message="every worker ready")
+    act.wait_for(
+        lambda st: st["ready"] and st["worker"]["count"] == n and all(w["ready"] for w in st["workers"]),
+        message="every worker ready",
+    )
     return list(pids)
 
 
@@ -136,16 +129,6 @@ def slots_sum_to_cc(status: dict[str, Any], service_name: str, addresses: Sequen
     return svc["capacity"] == cc * len(addresses)
 
 
-def wait_idle(act: Activator) -> None:
-    def idle(st: dict[str, Any]) -> bool:
-        return all(
-            s["in_flight"] == 0 and s["queued"] == 0 and all(p["in_flight"] == 0 for p in s["pods"])
-            for s in st["services"].values()
-        )
-
-    act.wait_for(idle, message="every count back to zero")
-
-
 # --------------------------------------------------------------------------------------
 # serving and limits
 
@@ -154,11 +137,15 @@ def test_two_workers_serve_without_exceeding_any_pods_limit(pod_factory, activat
     api = pod_factory(3)
     duo = pod_factory(2)
     (solo,) = pod_factory(1)
-    act = activator_factory(workers_config({
-        "api": service("api.test", api, 1),
-        "duo": service("duo.test", duo, 2),
-        "solo": service("solo.test", [solo], 1),
-    }))
+    act = activator_factory(
+        workers_config(
+            {
+                "api": service(api, hosts=["api.test"], container_concurrency=1),
+                "duo": service(duo, hosts=["duo.test"], container_concurrency=2),
+                "solo": service([solo], hosts=["solo.test"], container_concurrency=1),
+            }
+        )
+    )
     wait_workers(act)
     st = act.status()
     assert st["worker"] == {"count": 2}
@@ -173,7 +160,7 @@ def test_two_workers_serve_without_exceeding_any_pods_limit(pod_factory, activat
     assert [r.status for r in results] == [200] * len(plan), [(r.status, r.text) for r in results if r.status != 200]
     # (The kernel picks the worker of each connection, so a pod owned by one worker may
     # see no request at all: the limit is what is checked.)
-    for pod in api + [solo]:
+    for pod in [*api, solo]:
         stats = pod.stats()
         assert stats["peak"] <= 1, f"{pod.address} (cc 1) saw {stats['peak']} requests at once"
     for pod in duo:
@@ -182,12 +169,14 @@ def test_two_workers_serve_without_exceeding_any_pods_limit(pod_factory, activat
     assert sum(p.stats()["count"] for p in api) == 30
     assert sum(p.stats()["count"] for p in duo) == 20
     assert solo.stats()["count"] == 10
-    wait_idle(act)
+    act.wait_idle()
 
 
 def test_one_pod_service_is_served_whichever_worker_gets_the_connection(pod_factory, activator_factory):
     (solo,) = pod_factory(1)
-    act = activator_factory(workers_config({"solo": service("solo.test", [solo], 1)}, access_log=True))
+    act = activator_factory(
+        workers_config({"solo": service([solo], hosts=["solo.test"], container_concurrency=1)}, access_log=True)
+    )
     pids = wait_workers(act)
     specs = [worker_spec(pid) for pid in pids]
     addresses = specs[0]["addresses"]
@@ -200,8 +189,11 @@ def test_one_pod_service_is_served_whichever_worker_gets_the_connection(pod_fact
             resp = request(address, path="/delay?ms=10", host="solo.test")
             assert resp.status == 200, (address, resp.status, resp.text)
             assert resp.headers["X-Pod"] == solo.address
-    wait_until(lambda: "solo worker:" in act.stdout_text(), timeout=10,
-               message="an access-log line of a request forwarded to a sibling worker")
+    wait_until(
+        lambda: "solo worker:" in act.stdout_text(),
+        timeout=10,
+        message="an access-log line of a request forwarded to a sibling worker",
+    )
 
     # Through the shared listener, many connections (the kernel picks the worker).
     sequential = [request(act.listen, path="/delay?ms=5", host="solo.test") for _ in range(20)]
@@ -209,7 +201,7 @@ def test_one_pod_service_is_served_whichever_worker_gets_the_connection(pod_fact
     assert [r.status for r in sequential + burst] == [200] * 40
     assert solo.stats()["peak"] == 1
     assert solo.stats()["count"] == 46
-    wait_idle(act)
+    act.wait_idle()
     pod = find_pod(act.status(), "solo", solo.address)
     assert pod is not None and pod["requests"] == 46 and pod["slots"] == 1
 
@@ -220,36 +212,40 @@ def test_one_pod_service_is_served_whichever_worker_gets_the_connection(pod_fact
 
 def test_file_edit_and_sighup_reach_every_worker(pod_factory, activator_factory):
     pods = pod_factory(3)
-    act = activator_factory(workers_config({"api": service("api.test", pods[:1], 2)}))
+    act = activator_factory(workers_config({"api": service(pods[:1], hosts=["api.test"], container_concurrency=2)}))
     wait_workers(act)
     assert slots_sum_to_cc(act.status(), "api", [pods[0].address], 2)
 
     # An edit of the file: every worker applies it (a pod's merged state is "healthy"
     # only when every worker sees it healthy).
-    act.rewrite_config(workers_config({"api": service("api.test", pods[:2], 2)}))
-    act.wait_for(lambda st: slots_sum_to_cc(st, "api", [p.address for p in pods[:2]], 2),
-                 message="second pod in every worker")
+    act.rewrite_config(workers_config({"api": service(pods[:2], hosts=["api.test"], container_concurrency=2)}))
+    act.wait_for(
+        lambda st: slots_sum_to_cc(st, "api", [p.address for p in pods[:2]], 2), message="second pod in every worker"
+    )
     st = act.status()
     assert [p["states"] for p in st["services"]["api"]["pods"]] == [["healthy", "healthy"]] * 2
 
     # SIGHUP to the supervisor: passed to every worker, each re-reads the file.
     before = act.stderr_text().count("config reload (SIGHUP)")
-    act.write_config_in_place(workers_config({"api": service("api.test", pods, 2)}))
+    act.write_config_in_place(workers_config({"api": service(pods, hosts=["api.test"], container_concurrency=2)}))
     act.reload()
-    wait_until(lambda: act.stderr_text().count("config reload (SIGHUP)") >= before + 2,
-               message=f"both workers logged a SIGHUP reload:\n{act.output_tail()}")
-    act.wait_for(lambda st: slots_sum_to_cc(st, "api", [p.address for p in pods], 2),
-                 message="third pod in every worker")
+    wait_until(
+        lambda: act.stderr_text().count("config reload (SIGHUP)") >= before + 2,
+        message=f"both workers logged a SIGHUP reload:\n{act.output_tail()}",
+    )
+    act.wait_for(
+        lambda st: slots_sum_to_cc(st, "api", [p.address for p in pods], 2), message="third pod in every worker"
+    )
 
     results = concurrent_requests(24, lambda i: request(act.listen, path="/delay?ms=50", host="api.test"))
     assert [r.status for r in results] == [200] * 24
     assert all(p.stats()["peak"] <= 2 for p in pods)
-    wait_idle(act)
+    act.wait_idle()
 
 
 def test_sigterm_finishes_in_flight_exits_zero_and_leaves_no_worker(pod_factory, activator_factory):
     (pod,) = pod_factory(1)
-    act = activator_factory(workers_config({"api": service("api.test", [pod], 1)}))
+    act = activator_factory(workers_config({"api": service([pod], hosts=["api.test"], container_concurrency=1)}))
     pids = wait_workers(act)
 
     slow = start_request(act.listen, path="/delay?ms=1500", host="api.test")
@@ -269,16 +265,23 @@ def test_sigterm_finishes_in_flight_exits_zero_and_leaves_no_worker(pod_factory,
 def test_a_killed_worker_is_restarted(pod_factory, activator_factory):
     api = pod_factory(2)
     (solo,) = pod_factory(1)
-    act = activator_factory(workers_config({
-        "api": service("api.test", api, 1),
-        "solo": service("solo.test", [solo], 1),
-    }))
+    act = activator_factory(
+        workers_config(
+            {
+                "api": service(api, hosts=["api.test"], container_concurrency=1),
+                "solo": service([solo], hosts=["solo.test"], container_concurrency=1),
+            }
+        )
+    )
     pids = wait_workers(act)
     victim = pids[0]
     os.kill(victim, signal.SIGKILL)
     # Not ready while a worker is missing, then a new worker takes its place.
-    wait_until(lambda: (p := workers_of(act)) and len(p) == 2 and victim not in p, timeout=30,
-               message="a new worker started in place of the killed one")
+    wait_until(
+        lambda: (p := workers_of(act)) and len(p) == 2 and victim not in p,
+        timeout=30,
+        message="a new worker started in place of the killed one",
+    )
     new_pids = wait_workers(act)
     assert victim not in new_pids
     st = act.status()
@@ -295,6 +298,6 @@ def test_a_killed_worker_is_restarted(pod_factory, activator_factory):
     plan = ["api.test"] * 20 + ["solo.test"] * 10
     results = concurrent_requests(len(plan), lambda i: request(act.listen, path="/delay?ms=50", host=plan[i]))
     assert [r.status for r in results] == [200] * len(plan)
-    assert all(p.stats()["peak"] <= 1 for p in api + [solo])
+    assert all(p.stats()["peak"] <= 1 for p in [*api, solo])
     assert sum(p.stats()["count"] for p in api) == 20 + 1 and solo.stats()["count"] == 10 + 1
-    wait_idle(act)
+    act.wait_idle()

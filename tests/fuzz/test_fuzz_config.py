@@ -137,9 +137,7 @@ def test_activator_check_on_hostile_files_exits_0_or_2_without_a_traceback():
     env = dict(os.environ)
     env.pop("ACTIVATOR_CONFIG", None)
     repo = Path(__file__).resolve().parents[2]
-    env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(repo), env.get("PYTHONPATH", "")) if p
-    )
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(repo), env.get("PYTHONPATH", "")) if p)
     binary = os.environ.get("ACTIVATOR_BIN")
     command = [binary] if binary else [sys.executable, "-m", "activator"]
 
@@ -175,11 +173,7 @@ CORPUS_BYTES = [f.read_bytes() for f in FILES]
 def mutated(draw: st.DrawFn) -> bytes:
     data = bytearray(draw(st.sampled_from(CORPUS_BYTES)))
     for _ in range(draw(st.integers(1, 4))):
-        kind = draw(
-            st.sampled_from(
-                ["flip", "truncate", "insert", "delete", "dup-line", "swap-lines"]
-            )
-        )
+        kind = draw(st.sampled_from(["flip", "truncate", "insert", "delete", "dup-line", "swap-lines"]))
         n = len(data)
         if kind == "flip" and n:
             data[draw(st.integers(0, n - 1))] = draw(st.integers(0, 255))
@@ -229,9 +223,7 @@ def mutated(draw: st.DrawFn) -> bytes:
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(mutated())
-def test_mutated_hostile_files_give_a_config_or_a_config_error(
-    tmp_path_factory, data: bytes
-):
+def test_mutated_hostile_files_give_a_config_or_a_config_error(tmp_path_factory, data: bytes):
     path = tmp_path_factory.getbasetemp() / "mutated.yaml"
     path.write_bytes(data)
     PWNED.unlink(missing_ok=True)
