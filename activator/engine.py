@@ -248,13 +248,13 @@ class _Input:
 class _WsgiResponse:
     """start_response, and the body an application returns, written to the exchange."""
 
-    __slots__ = ("_exchange", "_status", "_reason", "_lines", "_length")
+    __slots__ = ("_exchange", "_headers", "_length", "_reason", "_status")
 
     def __init__(self, exchange: H1Exchange) -> None:
         self._exchange = exchange
         self._status = 0
         self._reason = b""
-        self._lines: list[bytes] = []
+        self._headers: list[tuple[bytes, bytes]] = []
         self._length: int | None = None
 
     def start_response(self, status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Callable[..., Any]:
@@ -262,12 +262,12 @@ class _WsgiResponse:
             return self._write_unsupported
         code, _, reason = status.partition(" ")
         self._status = int(code)
-        lines = []
+        pairs = []
         for name, value in headers:
             if name.lower() == "content-length":
                 self._length = int(value)
-            lines.append(f"{name}: {value}\r\n".encode("latin-1"))
-        self._lines = lines
+            pairs.append((name.encode("latin-1"), value.encode("latin-1")))
+        self._headers = pairs
         self._reason = reason.encode("latin-1")
         return self._write_unsupported
 
@@ -282,7 +282,7 @@ class _WsgiResponse:
             framing = BodyFraming.LENGTH
         else:
             framing = BodyFraming.CHUNKED if exchange.version == "1.1" else BodyFraming.CLOSE
-        exchange.start(self._status, self._reason, self._lines, framing)
+        exchange.start(self._status, self._reason, self._headers, framing)
         if framing is BodyFraming.NONE:
             return
         for piece in result:

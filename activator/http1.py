@@ -230,23 +230,30 @@ class H1Exchange:
         """Relay a pod's 1xx answer (before the final one); HTTP/1.0 clients never get one."""
         if self.version == "1.1" and not self.started:
             lower_names = [name.lower() for name, _ in headers]
-            lines = http.response_head_lines(headers, lower_names, BodyFraming.NONE)
-            self.conn.send(b"%s%s\r\n" % (http.status_line(status, reason), b"".join(lines)))
+            kept = http.response_headers(headers, lower_names, BodyFraming.NONE)
+            self.conn.send(b"%s%s\r\n" % (http.status_line(status, reason), http.header_block(kept)))
 
     def start(
-        self, status: int, reason: bytes | None, lines: Sequence[bytes], framing: BodyFraming, close: bool = False
+        self,
+        status: int,
+        reason: bytes | None,
+        headers: Sequence[http.Header],
+        framing: BodyFraming,
+        close: bool = False,
     ) -> None:
         """Begin the final response: the head is sent with the first ``write`` (or ``finish``).
 
-        ``lines``: header lines without framing or Connection lines (``core.http``);
-        ``framing`` says how the body goes out (``core.http.client_framing``).
+        ``headers``: end-to-end header lines, without framing or Connection lines
+        (``core.http.response_headers``); ``framing`` says how the body goes out
+        (``core.http.client_framing``).
         """
         self.started = True
         self.status = status
         self.response_framing = framing
         close = close or self._must_close() or framing is BodyFraming.CLOSE
         self.close_after = close
-        parts = [http.status_line(status, reason), *lines]
+        parts = [http.status_line(status, reason)]
+        parts += [b"%s: %s\r\n" % header for header in headers]
         if framing is BodyFraming.CHUNKED:
             parts.append(b"Transfer-Encoding: chunked\r\n")
         if close:
@@ -268,15 +275,16 @@ class H1Exchange:
         self.conn.send(framed)
         self.bytes_sent += len(data)
 
-    def finish(self, trailers: Sequence[bytes] = ()) -> None:
-        """End the response (the last chunk and the trailers, for chunked)."""
+    def finish(self, trailers: Sequence[http.Header] = ()) -> None:
+        """End the response (the last chunk and the trailers, for chunked; an HTTP/1.x
+        response that is not chunked has nowhere to put trailers: they are dropped)."""
         if self.finished:
             return
         self.finished = True
         tail = self._head
         self._head = _NO_BYTES
         if self.response_framing is BodyFraming.CHUNKED:
-            tail += b"0\r\n%s\r\n" % b"".join(trailers)
+            tail += b"0\r\n%s\r\n" % http.header_block(trailers)
         if tail:
             self.conn.send(tail)
 

@@ -32,7 +32,7 @@ from .core.topology import Topology
 from .upstream import Timeouts, UpstreamBodyError, UpstreamPool
 from .writer import TopologyWriter
 
-PROBE_HEADERS = b"User-Agent: activator-probe\r\nAccept: */*\r\n"
+PROBE_HEADERS = [(b"User-Agent", b"activator-probe"), (b"Accept", b"*/*")]
 
 
 class Prober:
@@ -92,7 +92,7 @@ class Prober:
 
 def probe_once(pool: UpstreamPool, address: str, probe: ProbeConfig) -> tuple[ProbeOutcome, str]:
     """One probe: what happened, and in words."""
-    headers = b"Host: %s\r\n%s" % (address.encode(), PROBE_HEADERS)
+    headers = [(b"Host", address.encode()), *PROBE_HEADERS]
     timeouts = Timeouts(probe.timeout, probe.timeout, total=probe.timeout)
     try:
         with gevent.Timeout(probe.timeout * 2 + 1):  # backstop; the pool enforces the real timeouts

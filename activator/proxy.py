@@ -47,7 +47,7 @@ from .core.errors import (
 )
 from .core.events import TransportFailure
 from .core.failures import CONNECT_RETRIES, FailureKind, may_retry_elsewhere
-from .core.http import BodyFraming
+from .core.http import BodyFraming, Header
 from .core.throttler import Grant, ServiceThrottler
 from .core.topology import Forward, Topology, may_forward
 from .engine import EXCHANGE
@@ -177,7 +177,7 @@ class Proxy:
         marker = self._marker(exchange)
         # Built before waiting, so that a handed-over slot is put to use at once.
         conn = exchange.conn
-        header_block = http.pod_request_headers(
+        pod_headers = http.pod_request_headers(
             exchange.headers,
             exchange.lower_names,
             conn.client_ip_bytes,
@@ -197,12 +197,12 @@ class Proxy:
                 record.queue_wait = time.monotonic() - record.start
                 lease = Lease(throttler, grant, self.actor, self.writer)
                 try:
-                    response = self._send_to_pod(exchange, header_block, config, lease, record)
+                    response = self._send_to_pod(exchange, pod_headers, config, lease, record)
                     self._relay(exchange, response, record, lease)
                 finally:
                     lease.release()
                 return
-        self._forward(exchange, header_block, marker, target, config, record)
+        self._forward(exchange, pod_headers, marker, target, config, record)
 
     @staticmethod
     def _marker(exchange: H1Exchange) -> str | None:
@@ -229,7 +229,12 @@ class Proxy:
         return timeouts
 
     def _send_to_pod(
-        self, exchange: H1Exchange, header_block: bytes, config: ServiceConfig, lease: Lease, record: RequestRecord
+        self,
+        exchange: H1Exchange,
+        pod_headers: list[Header],
+        config: ServiceConfig,
+        lease: Lease,
+        record: RequestRecord,
     ) -> PodConnection:
         """The pod's answer head (retrying a failed connect once, on another pod if one is free)."""
         waited = lease.grant is not None and lease.grant.queued
@@ -245,7 +250,7 @@ class Proxy:
                 response = self._pool_for(lease.pod).request(
                     exchange.method,
                     exchange.target,
-                    header_block,
+                    pod_headers,
                     exchange,
                     exchange.framing,
                     exchange.content_length,
@@ -277,14 +282,14 @@ class Proxy:
             status = response.status
             framing = http.client_framing(exchange.method, status, response.framing, exchange.version)
             keep_length = exchange.method == "HEAD" or status == 304
-            lines = http.response_head_lines(
+            headers = http.response_headers(
                 response.headers,
                 response.lower_names,
                 framing,
                 http.connection_tokens(response.connection_values),
                 keep_length=keep_length,
             )
-            exchange.start(status, response.reason, lines, framing, close=response.early)
+            exchange.start(status, response.reason, headers, framing, close=response.early)
             try:
                 if response.complete:  # the whole answer came with its head (the usual small one)
                     exchange.write(response.take_body())
@@ -298,7 +303,7 @@ class Proxy:
                     lease.failed(error.kind)
                 exchange.cut()
                 return
-            trailers = http.trailer_lines(response.trailers) if framing is BodyFraming.CHUNKED else ()
+            trailers = http.relayed_trailers(response.trailers) if framing is BodyFraming.CHUNKED else ()
             exchange.finish(trailers)
         finally:
             response.close()
@@ -306,7 +311,7 @@ class Proxy:
     def _forward(
         self,
         exchange: H1Exchange,
-        header_block: bytes,
+        pod_headers: list[Header],
         marker: str | None,
         target: Forward,
         config: ServiceConfig,
@@ -319,11 +324,11 @@ class Proxy:
         record.pod = f"{target.kind}:{target.address}"
         record.relayed = target.kind == "worker"
         hop = f"{target.kind} {self.self_name if target.kind == 'peer' else self.topology.worker_index}"
-        header_block += b"X-Activator-Forwarded: %s\r\n" % (f"{marker}, {hop}" if marker else hop).encode()
+        pod_headers = [*pod_headers, (b"X-Activator-Forwarded", (f"{marker}, {hop}" if marker else hop).encode())]
         response = self._pool_for(target.address).request(
             exchange.method,
             exchange.target,
-            header_block,
+            pod_headers,
             exchange,
             exchange.framing,
             exchange.content_length,

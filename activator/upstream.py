@@ -73,7 +73,7 @@ from gevent.select import select as gselect
 from . import deadlines
 from .core.errors import ClientBodyError, ClientTimeout, UpstreamBadResponse, UpstreamConnectError, UpstreamTimeout
 from .core.failures import FailureKind
-from .core.http import BodyFraming, Header
+from .core.http import BodyFraming, Header, header_block
 
 __all__ = [
     "BodySource",
@@ -269,7 +269,7 @@ class UpstreamPool:
         self,
         method: str,
         target: bytes,
-        header_block: bytes,
+        headers: list[Header],
         body: BodySource | None,
         framing: BodyFraming,
         content_length: int | None,
@@ -278,8 +278,8 @@ class UpstreamPool:
     ) -> PodConnection:
         """Send one request; return once the final response head (or an early answer) came.
 
-        ``header_block``: the end-to-end header lines (``core.http.pod_request_headers``);
-        this adds the framing line. ``framing``/``content_length``: how ``body`` is sent.
+        ``headers``: the end-to-end header lines (``core.http.pod_request_headers``); this
+        adds the framing line. ``framing``/``content_length``: how ``body`` is sent.
         The connection returned carries the response: read it, then ``close()`` it.
         """
         conn = self._take()
@@ -288,7 +288,7 @@ class UpstreamPool:
             conn = self._connect(timeouts.connect)
         conn.begin(method, body, framing, content_length, timeouts, interim)
         try:
-            payload = conn.first_write(target, header_block)
+            payload = conn.first_write(target, header_block(headers))
         except BaseException:
             conn.abort()
             raise
@@ -420,10 +420,10 @@ class PodConnection(deadlines.Watched):
 
     # -- sending ------------------------------------------------------------------------------
 
-    def first_write(self, target: bytes, header_block: bytes) -> bytes:
-        """The head and the first piece of the body, as one payload."""
+    def first_write(self, target: bytes, lines: bytes) -> bytes:
+        """The head (``lines``: its header lines) and the first piece of the body, as one payload."""
         framing = self._framing_out
-        head = b"%s %s HTTP/1.1\r\n%s" % (self._method.encode("ascii"), target, header_block)
+        head = b"%s %s HTTP/1.1\r\n%s" % (self._method.encode("ascii"), target, lines)
         body = self._body
         if framing is BodyFraming.NONE or body is None:
             return head + b"\r\n"

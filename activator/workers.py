@@ -124,7 +124,7 @@ class Supervisor:
         response = pool.request(
             "GET",
             path.encode(),
-            b"Host: %s\r\n" % worker.admin_address.encode(),
+            [(b"Host", worker.admin_address.encode())],
             None,
             BodyFraming.NONE,
             None,

@@ -219,8 +219,8 @@ def socket_body() -> Iterator[SocketBody]:
     body.close()
 
 
-def host_line(port: int) -> bytes:
-    return b"Host: 127.0.0.1:%d\r\n" % port
+def host_line(port: int) -> list[Header]:
+    return [(b"Host", b"127.0.0.1:%d" % port)]
 
 
 def send(
@@ -232,13 +232,13 @@ def send(
     length: int | None = None,
     timeouts: Timeouts = TIMEOUTS,
     interim: InterimCallback | None = None,
-    header_block: bytes | None = None,
+    headers: list[Header] | None = None,
 ) -> PodConnection:
     """One request: no body, a body with Content-Length (``length`` given) or chunked."""
     framing = BodyFraming.NONE if body is None else BodyFraming.CHUNKED if length is None else BodyFraming.LENGTH
-    if header_block is None:
-        header_block = host_line(pool.port)
-    return pool.request(method, target, header_block, body, framing, length, timeouts, interim=interim)
+    if headers is None:
+        headers = host_line(pool.port)
+    return pool.request(method, target, headers, body, framing, length, timeouts, interim=interim)
 
 
 def read_to_end(response: PodConnection) -> bytes:
@@ -665,7 +665,7 @@ def test_a_101_hands_over_the_socket_with_the_bytes_after_its_head(raw: RawFacto
             conn.sendall(data.upper())
 
     _, pool = raw(handler)
-    response = send(pool, header_block=host_line(pool.port) + b"Upgrade: echo\r\nConnection: Upgrade\r\n")
+    response = send(pool, headers=[*host_line(pool.port), (b"Upgrade", b"echo"), (b"Connection", b"Upgrade")])
     assert (response.status, response.upgraded, response.tunnel_data) == (101, True, b"hello")
     tunnel = response.detach()
     try:
@@ -835,10 +835,10 @@ def test_request_goes_out_as_given_plus_its_framing_line(
             conn.sendall(OK_EMPTY)
 
     _, pool = raw(handler)
-    block = b"Host: pod.example\r\nX-A: 1\r\nx-a: 2\r\n"
+    block = [(b"Host", b"pod.example"), (b"X-A", b"1"), (b"x-a", b"2")]
     length = 7 if framing is BodyFraming.LENGTH else None
     body = BufferedBody(b"payload", step=3, trailers=trailers)
-    fetch(pool, "PATCH", b"/a/b?c=d", body, length=length, header_block=block)
+    fetch(pool, "PATCH", b"/a/b?c=d", body, length=length, headers=block)
     [request] = requests
     assert (request.method, request.target) == (b"PATCH", b"/a/b?c=d")
     assert request.headers == [(b"Host", b"pod.example"), (b"X-A", b"1"), (b"x-a", b"2"), framing_line]

@@ -281,28 +281,35 @@ def pod_request_headers(
     host: bytes,
     named_by_connection: frozenset[bytes] = frozenset(),
     upgrade: bytes | None = None,
-) -> bytes:
-    """The header block (lines, without the final CRLF) sent to the pod.
+) -> list[Header]:
+    """The header lines sent to the pod, as (name, value) pairs in order.
 
     Every end-to-end line in its place and spelling; ``X-Forwarded-For`` gets the client
     appended to what it said (all its lines, in order), ``X-Forwarded-Proto`` and
     ``-Host`` are set. ``upgrade``: the Upgrade value of a tunnel request, forwarded with
     ``Connection: upgrade``. Framing lines are added by the sender.
     """
-    lines = []
+    pairs = []
     forwarded_for = []
-    for (name, value), lower in zip(headers, lower_names):  # noqa: B905 (built together; strict costs a keyword call per request)
+    for header, lower in zip(headers, lower_names):  # noqa: B905 (built together; strict costs a keyword call)
         if lower in REQUEST_HOP_BY_HOP or lower in named_by_connection:
             if lower == b"x-forwarded-for":
-                forwarded_for.append(value)
+                forwarded_for.append(header[1])
             continue
-        lines.append(b"%s: %s\r\n" % (name, value))
+        pairs.append(header)
     forwarded_for.append(client_ip)
-    lines.append(b"X-Forwarded-For: %s\r\n" % b", ".join(forwarded_for))
-    lines.append(b"X-Forwarded-Proto: %s\r\nX-Forwarded-Host: %s\r\n" % (scheme, host))
+    pairs.append((b"X-Forwarded-For", b", ".join(forwarded_for)))
+    pairs.append((b"X-Forwarded-Proto", scheme))
+    pairs.append((b"X-Forwarded-Host", host))
     if upgrade is not None:
-        lines.append(b"Connection: upgrade\r\nUpgrade: %s\r\n" % upgrade)
-    return b"".join(lines)
+        pairs.append((b"Connection", b"upgrade"))
+        pairs.append((b"Upgrade", upgrade))
+    return pairs
+
+
+def header_block(pairs: Sequence[Header]) -> bytes:
+    """HTTP/1.x header lines for ``pairs`` (each ``name: value`` and CRLF)."""
+    return b"".join([b"%s: %s\r\n" % pair for pair in pairs])
 
 
 def client_framing(
@@ -316,16 +323,15 @@ def client_framing(
     return BodyFraming.CHUNKED if client_version == "1.1" else BodyFraming.CLOSE
 
 
-def response_head_lines(
+def response_headers(
     headers: Sequence[Header],
     lower_names: Sequence[bytes],
     framing: BodyFraming,
     named_by_connection: frozenset[bytes] = frozenset(),
     keep_upgrade: bool = False,
     keep_length: bool = False,
-) -> list[bytes]:
-    """The pod's header lines that reach the client, in order, for this framing, as pieces
-    to be joined (name, ": ", value, CRLF for each line).
+) -> list[Header]:
+    """The pod's header lines that reach the client, in order, for this framing.
 
     ``lower_names``: the lower-cased names of ``headers``; ``named_by_connection``: the
     options of the response's ``Connection`` lines (``connection_tokens``).
@@ -335,20 +341,20 @@ def response_head_lines(
     """
     drop_length = not (framing is BodyFraming.LENGTH or keep_length)
     drop_trailer = framing is not BodyFraming.CHUNKED
-    pieces: list[bytes] = []
-    for (name, value), lower in zip(headers, lower_names):  # noqa: B905 (built together)
+    kept = []
+    for header, lower in zip(headers, lower_names):  # noqa: B905 (built together)
         if lower in RESPONSE_HOP_BY_HOP or lower in named_by_connection:
             if not (lower == b"upgrade" and keep_upgrade):
                 continue
         elif (drop_length and lower == b"content-length") or (drop_trailer and lower == b"trailer"):
             continue
-        pieces += (name, b": ", value, b"\r\n")
-    return pieces
+        kept.append(header)
+    return kept
 
 
-def trailer_lines(trailers: Sequence[Header]) -> list[bytes]:
+def relayed_trailers(trailers: Sequence[Header]) -> list[Header]:
     """Trailer fields that travel on (the hop-by-hop rules apply to them too)."""
-    return [b"%s: %s\r\n" % (name, value) for name, value in trailers if name.lower() not in RESPONSE_HOP_BY_HOP]
+    return [(name, value) for name, value in trailers if name.lower() not in RESPONSE_HOP_BY_HOP]
 
 
 def status_line(status: int, reason: bytes | None = None) -> bytes:
