@@ -3,9 +3,10 @@
 The core decides (``ServiceThrottler.acquire`` returns a grant or a waiter); this module
 does the waiting. A waiter parks its greenlet on a ``gevent.event.Event`` (its
 ``token``), which the shell's actor sets when a core call reports that it handed the
-waiter a slot (``Effects.woken``), bounded by ``queue_timeout``; meanwhile the
-process's ``HangupMonitor`` watches the client's socket (no greenlet of its own) and wakes
-the waiter if the client hangs up. Whatever ends the wait (a slot, the timeout, the client
+waiter a slot (``Effects.woken``), bounded by ``queue_timeout``; meanwhile the client is
+watched (``ClientExchange.watch_gone``: for HTTP/1.x the process's ``HangupMonitor`` on its
+socket, no greenlet of its own; for HTTP/2 a stream reset) and the waiter is woken if the
+client goes away. Whatever ends the wait (a slot, the timeout, the client
 hanging up, the greenlet killed), the waiter leaves the queue, or a grant that arrived in
 the same instant is released: a slot is never lost between "granted" and "woken", and a
 client that hung up never gets a pod.
@@ -19,15 +20,16 @@ from typing import Protocol
 
 from gevent.event import Event
 
-from . import hangup
 from .core.errors import ClientGone, QueueTimeout
 from .core.throttler import Effects, Grant, ServiceThrottler, Waiter
 
 
 class Client(Protocol):
-    """What the gate needs of a client: its socket's descriptor, to watch for a hang-up."""
+    """What the gate needs of a client: to hear that it went away (``exchange.ClientExchange``)."""
 
-    def fileno(self) -> int: ...
+    def watch_gone(self, on_gone: Callable[[], None]) -> bool: ...
+
+    def unwatch_gone(self, on_gone: Callable[[], None]) -> None: ...
 
 
 class Redirected(Exception):
@@ -45,11 +47,9 @@ def _wait(
         gone = True
         event.set()
 
-    monitor = hangup.monitor()
-    fd = client.fileno() if client is not None else -1
-    watching = fd >= 0 and monitor.watch(fd, client_left)
-    if fd >= 0 and not watching:
-        gone = True  # the socket is closed already
+    watching = client is not None and client.watch_gone(client_left)
+    if client is not None and not watching:
+        gone = True  # it is gone already
     try:
         if not gone:
             event.wait(timeout)
@@ -60,7 +60,8 @@ def _wait(
         raise
     finally:
         if watching:
-            monitor.unwatch(fd, client_left)
+            assert client is not None
+            client.unwatch_gone(client_left)
     grant = throttler.abandon(waiter)
     if gone:
         if grant is not None:

@@ -40,12 +40,13 @@ import re
 import socket
 import time
 from collections import deque
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import httptools
+from gevent.select import select as gselect
 
-from . import deadlines
+from . import deadlines, hangup
 from .core import http
 from .core.errors import (
     ActivatorError,
@@ -60,6 +61,9 @@ from .core.errors import (
     UnsupportedMethod,
 )
 from .core.http import BodyFraming
+
+if TYPE_CHECKING:
+    from .exchange import ClientExchange
 
 #: One recv from the client.
 RECV_SIZE = 65536
@@ -97,6 +101,9 @@ class H1Exchange:
 
     __slots__ = (
         "conn",
+        "client_ip",
+        "client_ip_bytes",
+        "scheme_bytes",
         "method",
         "target",
         "version",
@@ -133,6 +140,9 @@ class H1Exchange:
 
     def __init__(self, conn: H1Connection) -> None:
         self.conn = conn
+        self.client_ip = conn.client_ip
+        self.client_ip_bytes = conn.client_ip_bytes
+        self.scheme_bytes = conn.scheme_bytes
         self.method = ""
         self.target = _NO_BYTES
         self.version = "1.1"
@@ -223,6 +233,36 @@ class H1Exchange:
 
     def fileno(self) -> int:
         return int(self.conn.sock.fileno())
+
+    def wait_for_body(self, pod_fd: int, timeout: float) -> bool:
+        """Wait for more body or for the pod to speak; True if the pod did."""
+        readable, _, _ = gselect([self.fileno(), pod_fd], [], [], timeout)
+        if not readable:
+            raise ClientTimeout("the request body stalled for client_timeout")
+        return pod_fd in readable
+
+    # -- the client ---------------------------------------------------------------------
+
+    def watch_gone(self, on_gone: Callable[[], None]) -> bool:
+        try:
+            fd = self.conn.sock.fileno()
+        except OSError:
+            return False
+        return fd >= 0 and hangup.monitor().watch(fd, on_gone)
+
+    def unwatch_gone(self, on_gone: Callable[[], None]) -> None:
+        try:
+            fd = self.conn.sock.fileno()
+        except OSError:
+            return
+        hangup.monitor().unwatch(fd, on_gone)
+
+    def client_gone(self) -> bool:
+        return hangup.hung_up(self.conn.sock)
+
+    @property
+    def was_cut(self) -> bool:
+        return self.conn.cut
 
     # -- the response ------------------------------------------------------------------
 
@@ -662,3 +702,9 @@ def linger(sock: Any, seconds: float = LINGER_SECONDS, limit: int = LINGER_BYTES
             drained += len(data)
     except OSError:
         pass
+
+
+if TYPE_CHECKING:  # mypy checks that an HTTP/1.x exchange is a ClientExchange
+
+    def _is_a_client_exchange(exchange: H1Exchange) -> ClientExchange:
+        return exchange

@@ -1,8 +1,9 @@
 """The proxy: a Falcon sink that routes by Host, waits for a slot, and relays a pod's answer.
 
-What this module decides, for one request (an ``http1.H1Exchange`` the engine hands over
-in the environ; the sink writes the response there itself, so that the pod's answer
-reaches the client unchanged: 1xx first, every header line in its order, trailers):
+What this module decides, for one request (an ``exchange.ClientExchange`` the engine hands
+over in the environ: an HTTP/1.x request or an HTTP/2 stream; the sink writes the
+response there itself, so that the pod's answer reaches the client unchanged: 1xx first,
+every header line in its order, trailers):
 
 - which service (``Topology.route``), then a slot via ``gate.acquire`` (FIFO,
   ``queue_timeout``), then the exchange with the pod through its keep-alive pool;
@@ -16,7 +17,7 @@ reaches the client unchanged: 1xx first, every header line in its order, trailer
   client connection closed after it): that is an answer, not a transport failure;
 - **one owner per request**: the ``Lease`` holds the slot from grant to the end and gives
   it back exactly once, on every path (served, pod error, timeout, client gone, body cut,
-  redirect, shutdown); activator's own answers all go through ``H1Exchange.answer``
+  redirect, shutdown); activator's own answers all go through ``ClientExchange.answer``
   (``core.http.own_answer``); any other exception is a bug, logged once with its
   traceback and answered 500 ``internal-error``;
 - what is recorded (``observe.RequestRecord``): the status the client got, 499
@@ -33,7 +34,7 @@ from typing import Any
 import falcon
 import gevent
 
-from . import gate, hangup
+from . import gate
 from .core import http
 from .core.config import ServiceConfig
 from .core.errors import (
@@ -51,9 +52,9 @@ from .core.http import BodyFraming, Header
 from .core.throttler import Grant, ServiceThrottler
 from .core.topology import Forward, Topology, may_forward
 from .engine import EXCHANGE
-from .http1 import H1Exchange
+from .exchange import ClientExchange, PodResponse
 from .observe import Observer, RequestRecord
-from .upstream import PodConnection, Timeouts, UpstreamBodyError, UpstreamPool
+from .upstream import Timeouts, UpstreamBodyError, UpstreamPool
 from .writer import Actor, TopologyWriter
 
 log = logging.getLogger("activator")
@@ -86,7 +87,7 @@ class Lease:
         assert self.grant is not None
         return self.grant.pod.address
 
-    def retry(self, timeout: float, client: H1Exchange) -> None:
+    def retry(self, timeout: float, client: ClientExchange) -> None:
         """Trade the slot of a failed connect for one on another pod (gate.acquire_retry)."""
         failed, self.grant = self.grant, None
         assert failed is not None
@@ -135,8 +136,8 @@ class Proxy:
         self._timeouts_cache: dict[tuple[int, bool], tuple[ServiceConfig, Timeouts]] = {}
 
     def __call__(self, req: falcon.Request, resp: falcon.Response, **_: Any) -> None:
-        exchange: H1Exchange = req.env[EXCHANGE]
-        record = RequestRecord(time.monotonic(), exchange.conn.client_ip, exchange.method, exchange.target)
+        exchange: ClientExchange = req.env[EXCHANGE]
+        record = RequestRecord(time.monotonic(), exchange.client_ip, exchange.method, exchange.target)
         self.active += 1
         try:
             self._serve(exchange, record)
@@ -149,14 +150,14 @@ class Proxy:
             self.active -= 1
             record.end = time.monotonic()
             record.bytes_out = exchange.bytes_sent
-            if exchange.conn.cut and not exchange.finished:
+            if exchange.was_cut and not exchange.finished:
                 record.status, record.reason = 499, "client-gone"
             elif record.status == 0:
                 record.status = exchange.status
             self.observer.request_done(record)
 
     @staticmethod
-    def _answer(exchange: H1Exchange, error: ActivatorError, record: RequestRecord) -> None:
+    def _answer(exchange: ClientExchange, error: ActivatorError, record: RequestRecord) -> None:
         if isinstance(error, ClientGone):
             record.status, record.reason = 499, error.reason
             exchange.cut()
@@ -168,7 +169,7 @@ class Proxy:
         except ClientGone:
             record.status, record.reason = 499, "client-gone"
 
-    def _serve(self, exchange: H1Exchange, record: RequestRecord) -> None:
+    def _serve(self, exchange: ClientExchange, record: RequestRecord) -> None:
         throttler = self.topology.route(exchange.host)
         record.service = throttler.name
         if self.stopping:
@@ -176,12 +177,11 @@ class Proxy:
         config = throttler.config
         marker = self._marker(exchange)
         # Built before waiting, so that a handed-over slot is put to use at once.
-        conn = exchange.conn
         pod_headers = http.pod_request_headers(
             exchange.headers,
             exchange.lower_names,
-            conn.client_ip_bytes,
-            conn.scheme_bytes,
+            exchange.client_ip_bytes,
+            exchange.scheme_bytes,
             exchange.hosts[0] if exchange.hosts else b"",
             http.connection_tokens(exchange.connection_values),
         )
@@ -205,7 +205,7 @@ class Proxy:
         self._forward(exchange, pod_headers, marker, target, config, record)
 
     @staticmethod
-    def _marker(exchange: H1Exchange) -> str | None:
+    def _marker(exchange: ClientExchange) -> str | None:
         values = exchange.forwarded
         return b", ".join(values).decode("latin-1") if values else None
 
@@ -230,19 +230,19 @@ class Proxy:
 
     def _send_to_pod(
         self,
-        exchange: H1Exchange,
+        exchange: ClientExchange,
         pod_headers: list[Header],
         config: ServiceConfig,
         lease: Lease,
         record: RequestRecord,
-    ) -> PodConnection:
+    ) -> PodResponse:
         """The pod's answer head (retrying a failed connect once, on another pod if one is free)."""
         waited = lease.grant is not None and lease.grant.queued
         retries = CONNECT_RETRIES
         timeouts = self._timeouts(config)
         while True:
             record.pod = lease.pod
-            if waited and hangup.hung_up(exchange.conn.sock):
+            if waited and exchange.client_gone():
                 # It waited: did its client leave at the very moment the slot came?
                 raise ClientGone("the client hung up as its slot came")
             sent_at = time.monotonic()
@@ -272,10 +272,12 @@ class Proxy:
             record.upstream_start = sent_at
             return response
 
-    def _relay(self, exchange: H1Exchange, response: PodConnection, record: RequestRecord, lease: Lease | None) -> None:
+    def _relay(
+        self, exchange: ClientExchange, response: PodResponse, record: RequestRecord, lease: Lease | None
+    ) -> None:
         """Stream the pod's answer to the client; the pod connection is closed or pooled."""
         try:
-            if time.monotonic() - record.start > HANGUP_CHECK_AFTER and hangup.hung_up(exchange.conn.sock):
+            if time.monotonic() - record.start > HANGUP_CHECK_AFTER and exchange.client_gone():
                 # Nobody will read it: drop the pod connection rather than pool it.
                 response.abort()
                 raise ClientGone("the client hung up while the pod worked")
@@ -310,7 +312,7 @@ class Proxy:
 
     def _forward(
         self,
-        exchange: H1Exchange,
+        exchange: ClientExchange,
         pod_headers: list[Header],
         marker: str | None,
         target: Forward,

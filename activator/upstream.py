@@ -62,18 +62,18 @@ import ipaddress
 import select
 import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any, Protocol
 
 import httptools
 from gevent import socket as gsocket
 from gevent.monkey import get_original
-from gevent.select import select as gselect
 
 from . import deadlines
-from .core.errors import ClientBodyError, ClientTimeout, UpstreamBadResponse, UpstreamConnectError, UpstreamTimeout
+from .core.errors import ClientBodyError, UpstreamBadResponse, UpstreamConnectError, UpstreamTimeout
 from .core.failures import FailureKind
 from .core.http import BodyFraming, Header, header_block
+from .exchange import InterimCallback
 
 __all__ = [
     "BodySource",
@@ -99,12 +99,9 @@ _HEAD_END = b"\r\n\r\n"
 _FRAMING_NAMES = frozenset((b"content-length", b"transfer-encoding", b"connection"))
 _LAST_CHUNK = b"0\r\n\r\n"
 
-#: What the proxy relays for each 1xx: (status, reason, header lines as the pod sent them).
-InterimCallback = Callable[[int, bytes, list[Header]], None]
-
 
 class BodySource(Protocol):
-    """The request body as the client sends it (``http1.H1Exchange`` is one)."""
+    """The request body as the client sends it (``exchange.ClientExchange`` is one)."""
 
     trailers: list[Header]
 
@@ -114,7 +111,7 @@ class BodySource(Protocol):
 
     def buffered(self) -> bool: ...
 
-    def fileno(self) -> int: ...
+    def wait_for_body(self, pod_fd: int, timeout: float) -> bool: ...
 
 
 class Timeouts:
@@ -482,17 +479,12 @@ class PodConnection(deadlines.Watched):
         """Stream the rest of the body. True if the pod sent a final answer before the end."""
         body = self._body
         assert body is not None
-        client_fd = body.fileno()
         chunked = self._remaining < 0
         while self._remaining:
             if self._pod_spoke():
                 return True
-            if not body.buffered():
-                readable, _, _ = gselect([client_fd, self.fd], [], [], self._timeouts.client)
-                if not readable:
-                    raise ClientTimeout("the request body stalled for client_timeout")
-                if self.fd in readable:
-                    continue  # the pod spoke (a final answer, or a 1xx): look at it first
+            if not body.buffered() and body.wait_for_body(self.fd, self._timeouts.client):
+                continue  # the pod spoke (a final answer, or a 1xx): look at it first
             piece = body.read(BLOCK_SIZE if chunked else min(BLOCK_SIZE, self._remaining))
             if chunked:
                 if piece:

@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import gevent
+import gevent.select
 import gevent.event
 import pytest
 from gevent import socket as gsocket
@@ -83,8 +84,8 @@ OK_EMPTY = b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"
 class BufferedBody:
     """A request body wholly in hand, as one that came in with its head.
 
-    ``buffered()`` is always True, so the client never waits on ``fileno()`` (-1: a wait
-    on it would fail loudly). Hands out at most ``step`` bytes a read and counts reads.
+    ``buffered()`` is always True, so the client never waits for it (``wait_for_body``
+    fails loudly). Hands out at most ``step`` bytes a read and counts reads.
     After ``fail_after`` reads it raises ``ClientGone`` (the client left mid-body);
     ``known_error`` is what ``raise_known_error`` raises (broken framing already parsed).
     """
@@ -121,8 +122,8 @@ class BufferedBody:
     def buffered(self) -> bool:
         return True
 
-    def fileno(self) -> int:
-        return -1
+    def wait_for_body(self, pod_fd: int, timeout: float) -> bool:
+        raise AssertionError("a buffered body is never waited for")
 
 
 class SocketBody:
@@ -130,7 +131,7 @@ class SocketBody:
 
     The client under test reads one end of a socketpair; the test writes ``client``, the
     other end, and closes it to end a chunked body. ``buffered()`` is False: every wait
-    for the body is a wait on ``fileno()``, as with a real client socket.
+    for the body is a wait on its socket (or the pod's), as with a real client.
     """
 
     def __init__(self) -> None:
@@ -148,9 +149,11 @@ class SocketBody:
     def buffered(self) -> bool:
         return False
 
-    def fileno(self) -> int:
-        fd: int = self.sock.fileno()
-        return fd
+    def wait_for_body(self, pod_fd: int, timeout: float) -> bool:
+        readable, _, _ = gevent.select.select([self.sock.fileno(), pod_fd], [], [], timeout)
+        if not readable:
+            raise ClientTimeout("the request body stalled")
+        return pod_fd in readable
 
     def send_all_then_end(self, data: bytes) -> gevent.Greenlet:
         """Write ``data`` from a greenlet, then close the client end (EOF)."""
