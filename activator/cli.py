@@ -52,10 +52,13 @@ def cmd_check(args: argparse.Namespace) -> int:
     from .configfile import load_config
     from .core.config import describe_config, diff_configs
     from .core.topology import Topology
+    from .tls import load_context
 
     try:
         config = load_config(config_path(args.config))
         old = load_config(args.against) if args.against else None
+        if config.tls is not None:
+            load_context(config.tls, config.path)
     except ConfigError as error:
         print(f"activator: {error}", file=sys.stderr)
         return 2

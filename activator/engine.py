@@ -28,6 +28,7 @@ What this module decides:
 from __future__ import annotations
 
 import logging
+import ssl
 import sys
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -69,10 +70,11 @@ class Limits:
 class HttpServer:
     """Serves ``app`` on ``listener`` (a bound, listening, non-blocking socket)."""
 
-    def __init__(self, listener: Any, app: Application, limits: Limits, *, scheme: str = "http") -> None:
+    def __init__(self, listener: Any, app: Application, limits: Limits, *, tls: ssl.SSLContext | None = None) -> None:
         self.app = app
         self.limits = limits
-        self.scheme = scheme
+        #: The TLS context for new connections (None: plain); swapped when the files change.
+        self.tls = tls
         self.stopping = False
         #: Open connections and the greenlet serving each.
         self.connections: dict[H1Connection, gevent.Greenlet] = {}
@@ -86,7 +88,6 @@ class HttpServer:
             "SERVER_NAME": str(host),
             "SERVER_PORT": str(port),
             "wsgi.version": (1, 0),
-            "wsgi.url_scheme": scheme,
             "wsgi.errors": sys.stderr,
             "wsgi.multithread": False,
             "wsgi.multiprocess": False,
@@ -128,12 +129,23 @@ class HttpServer:
             finally:
                 sock.close()
             return
+        context = self.tls
+        alpn: str | None = None
+        if context is not None:
+            secured = _handshake(context, sock, limits.client_timeout)
+            if secured is None:
+                return
+            sock, alpn = secured, secured.selected_alpn_protocol()
+        scheme = "https" if context is not None else "http"
         conn = H1Connection(
-            sock, address, limits.client_timeout, limits.max_header_bytes, limits.max_body_bytes, self.scheme
+            sock, address, limits.client_timeout, limits.max_header_bytes, limits.max_body_bytes, scheme
         )
         self.connections[conn] = gevent.getcurrent()
         try:
-            self._serve(conn)
+            if alpn == "h2" or (context is None and conn.starts_with_h2_preface()):
+                self._serve_h2(conn)
+            else:
+                self._serve(conn)
         except ClientGone:
             pass
         except BaseException:  # killed (stop), or a bug: no lingering on the way out
@@ -143,6 +155,14 @@ class HttpServer:
             self.connections.pop(conn, None)
             self._busy.discard(conn)
             conn.close()
+
+    def _serve_h2(self, conn: H1Connection) -> None:
+        """An HTTP/2 connection: its streams are served by ``http2`` (one greenlet each)."""
+        from .http2 import H2ServerConnection
+
+        self._busy.add(conn)  # streams come and go; the connection counts as busy
+        conn.cut = True  # HTTP/2 ends with GOAWAY, not with a lingering HTTP/1.x close
+        H2ServerConnection(conn.sock, conn.client_ip, self.limits, conn.scheme, self._call_app).serve()
 
     def _serve(self, conn: H1Connection) -> None:
         while True:
@@ -199,7 +219,8 @@ class HttpServer:
         environ["QUERY_STRING"] = query.decode("latin-1")
         environ["RAW_URI"] = target.decode("latin-1")
         environ["SERVER_PROTOCOL"] = "HTTP/1.1" if exchange.version == "1.1" else "HTTP/1.0"
-        environ["REMOTE_ADDR"] = exchange.conn.client_ip
+        environ["REMOTE_ADDR"] = exchange.client_ip
+        environ["wsgi.url_scheme"] = exchange.scheme_bytes.decode("ascii")
         environ["wsgi.input"] = _Input(exchange)
         environ[EXCHANGE] = exchange
         keys = _ENVIRON_KEYS
@@ -287,3 +308,17 @@ class _WsgiResponse:
             return
         for piece in result:
             exchange.write(piece)
+
+
+def _handshake(context: ssl.SSLContext, sock: Any, timeout: float) -> Any | None:
+    """The TLS side of a new connection, or None when the handshake failed (closed)."""
+    try:
+        sock.settimeout(timeout)  # once per connection: a timer is fine here
+        secured = context.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+        secured.do_handshake()
+        secured.settimeout(None)
+        return secured
+    except (OSError, ValueError) as error:
+        log.debug("TLS handshake failed: %s", error)
+        sock.close()
+        return None

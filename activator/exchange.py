@@ -43,9 +43,12 @@ class ClientExchange(Protocol):
     framing: BodyFraming  # how the body arrives: NONE, LENGTH, or CHUNKED (a stream of unknown length)
     connection_values: list[bytes]  # ``Connection`` lines (HTTP/2: none)
     forwarded: list[bytes]  # ``X-Activator-Forwarded`` lines
+    content_type: bytes | None  # a gRPC request's starts with ``application/grpc``
+    grpc_timeout: bytes | None  # a gRPC request's deadline (``core.http.grpc_timeout``)
     upgrade: bool  # an HTTP/1.1 Upgrade request (a tunnel if the pod answers 101)
     upgrade_value: bytes | None
     trailers: list[Header]  # the request's trailers, once its body ended
+    body_bytes: int  # request body bytes received so far
     client_ip: str
     client_ip_bytes: bytes
     scheme_bytes: bytes  # b"http" or b"https"
@@ -127,6 +130,7 @@ class PodResponse(Protocol):
     content_length: int | None
     early: bool  # it came before the request was sent whole (the client connection closes after it)
     upgraded: bool  # a 101: ``detach()`` gives the socket for the tunnel
+    tunnel_data: bytes  # a 101: what the pod sent after its head
     complete: bool  # the whole body is here (``take_body``)
     trailers: list[Header]  # after the body
 

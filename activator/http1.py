@@ -43,6 +43,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+import gevent
 import httptools
 from gevent.select import select as gselect
 
@@ -76,6 +77,10 @@ LINGER_SECONDS = 1.0
 LINGER_BYTES = 65536
 
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+#: What an HTTP/2 client sends first (RFC 9113 3.4); an HTTP/1.x request never starts so.
+H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+#: While only a prefix of the preface has come (a rare, slow client), look again this often.
+PREFACE_POLL_SECONDS = 0.01
 _NO_BYTES = b""
 # Names of request headers the connection itself looks at, lower-cased.
 _HOST = b"host"
@@ -85,10 +90,24 @@ _CONNECTION = b"connection"
 _EXPECT = b"expect"
 _UPGRADE = b"upgrade"
 _FORWARDED = b"x-activator-forwarded"
+_CONTENT_TYPE = b"content-type"
+_GRPC_TIMEOUT = b"grpc-timeout"
 _METHOD_THEN_SPACE = re.compile(rb"(?:\r\n)*[!#$%&'*+\-.^_`|~0-9A-Za-z]+ ")
 #: Method names llhttp returned, as str (llhttp knows a fixed set).
 _METHODS: dict[bytes, str] = {}
-_SPECIAL = frozenset((_HOST, _CONTENT_LENGTH, _TRANSFER_ENCODING, _CONNECTION, _EXPECT, _UPGRADE, _FORWARDED))
+_SPECIAL = frozenset(
+    (
+        _HOST,
+        _CONTENT_LENGTH,
+        _TRANSFER_ENCODING,
+        _CONNECTION,
+        _EXPECT,
+        _UPGRADE,
+        _FORWARDED,
+        _CONTENT_TYPE,
+        _GRPC_TIMEOUT,
+    )
+)
 
 
 class H1Exchange:
@@ -118,6 +137,8 @@ class H1Exchange:
         "upgrade",
         "upgrade_value",
         "forwarded",
+        "content_type",
+        "grpc_timeout",
         "tunnel_data",
         "keep_alive",
         "framing",
@@ -158,6 +179,8 @@ class H1Exchange:
         self.upgrade_value: bytes | None = None
         #: ``X-Activator-Forwarded`` lines (the hops between activators), in order.
         self.forwarded: list[bytes] = []
+        self.content_type: bytes | None = None
+        self.grpc_timeout: bytes | None = None
         #: Bytes the client sent after the head of an upgrade request (tunnel data).
         self.tunnel_data = _NO_BYTES
         self.keep_alive = True
@@ -328,6 +351,20 @@ class H1Exchange:
         if tail:
             self.conn.send(tail)
 
+    def switch_protocols(self, reason: bytes, headers: Sequence[http.Header]) -> tuple[Any, bytes]:
+        """Send the pod's 101 (with ``Connection: upgrade``) and hand over the socket.
+
+        Returns the client socket and the bytes it sent after its request head; the
+        connection carries no more HTTP/1.x after this (it ends when the tunnel does).
+        """
+        self.started = self.finished = True
+        self.status = 101
+        self.close_after = True
+        lines = b"".join([b"%s: %s\r\n" % header for header in headers])
+        self.conn.send(b"%s%sConnection: upgrade\r\n\r\n" % (http.status_line(101, reason), lines))
+        self.conn.cut = True  # after the tunnel: no lingering, no next request
+        return self.conn.sock, self.tunnel_data
+
     def answer(self, error: ActivatorError) -> None:
         """Activator's own answer for ``error``; if the response already started, the
         only honest signal left is cutting the connection."""
@@ -336,10 +373,11 @@ class H1Exchange:
             return
         self._head = _NO_BYTES
         close = error.closes_connection or self._must_close()
+        grpc = http.is_grpc(self.content_type)
         self.started = self.finished = True
-        self.status = error.status
+        self.status = 200 if grpc else error.status
         self.close_after = close
-        self.conn.send(http.own_answer(error, close))
+        self.conn.send(http.own_answer(error, close, grpc))
 
     def cut(self) -> None:
         """Abandon the response mid-way: the connection is closed without finishing it."""
@@ -452,8 +490,12 @@ class H1Connection(deadlines.Watched):
                 exchange.expect_continue = value.lower() == b"100-continue"
             elif lower == _UPGRADE:
                 exchange.upgrade_value = value
-            else:
+            elif lower == _FORWARDED:
                 exchange.forwarded.append(value)
+            elif lower == _CONTENT_TYPE:
+                exchange.content_type = value
+            else:
+                exchange.grpc_timeout = value
 
     def on_headers_complete(self) -> None:
         exchange = self._current
@@ -521,6 +563,26 @@ class H1Connection(deadlines.Watched):
             raise BadRequest("malformed request line")
 
     # -- reading ----------------------------------------------------------------------------
+
+    def starts_with_h2_preface(self) -> bool:
+        """Whether the client opened with the HTTP/2 connection preface (h2c with prior
+        knowledge). Looks without consuming (``MSG_PEEK``), within ``client_timeout``."""
+        self.deadline = time.monotonic() + self.client_timeout
+        self._in_head_wait = True
+        try:
+            while True:
+                try:
+                    seen = self.sock.recv(len(H2_PREFACE), socket.MSG_PEEK)
+                except OSError:
+                    return False
+                if not seen or not H2_PREFACE.startswith(seen):
+                    return False
+                if len(seen) == len(H2_PREFACE):
+                    return True
+                gevent.sleep(PREFACE_POLL_SECONDS)  # a prefix of it: the rest is on its way
+        finally:
+            self.deadline = 0.0
+            self._in_head_wait = False
 
     def next_exchange(self) -> H1Exchange | None:
         """The next request, or None when the connection is done (EOF, idle timeout).

@@ -15,7 +15,8 @@ What this module decides (SPEC.md "StatsD metrics"; ``{p}`` prefix, ``{s}`` serv
   (``404 unknown-host``) are not counted anywhere, nor those handed to a sibling worker
   (``relayed``: that worker counts them).
 - Every second, from one greenlet (never per request): gauges ``{p}.{s}.queued``,
-  ``.in_flight``, ``.capacity``, ``{p}.{s}.pods.{healthy,pending,draining}`` and
+  ``.in_flight``, ``.tunnels`` (open WebSockets and other upgrades), ``.capacity``,
+  ``{p}.{s}.pods.{healthy,pending,draining}`` and
   ``{p}.{s}.pod.{pod}.in_flight``; and the per-pod transport-failure counters
   ``{p}.{s}.pod.{pod}.{connect_errors,timeouts,resets}`` as the increase of the
   trackers' ``failure_counts`` (healthy and unhealthy summed) since the last flush,
@@ -339,6 +340,7 @@ class _ServiceNames:
         "queue_wait",
         "queued",
         "in_flight",
+        "tunnels",
         "capacity",
         "pods_in_state",
         "transitions",
@@ -355,6 +357,7 @@ class _ServiceNames:
         self.queue_wait = namer("queue_wait", service)
         self.queued = namer("queued", service, gauge=True)
         self.in_flight = namer("in_flight", service, gauge=True)
+        self.tunnels = namer("tunnels", service, gauge=True)
         self.capacity = namer("capacity", service, gauge=True)
         self.pods_in_state = {state: namer(f"pods.{state.value}", service, gauge=True) for state in _POD_STATES}
         self.transitions = {state: namer(f"pod_transitions.{state.value}", service) for state in PodState}
@@ -521,6 +524,7 @@ class StatsdMetrics:
             names = self._services.get(throttler.name) or self._names(throttler.name)
             gauge(names.queued, throttler.queued)
             gauge(names.in_flight, throttler.in_flight)
+            gauge(names.tunnels, throttler.tunnels)
             if throttler.config.container_concurrency != 0:
                 gauge(names.capacity, throttler.capacity or 0)
             per_state = dict.fromkeys(_POD_STATES, 0)

@@ -34,6 +34,7 @@ class RequestRecord:
         "reason",
         "queue_wait",
         "upstream_start",
+        "bytes_in",
         "bytes_out",
         "relayed",
     )
@@ -50,12 +51,13 @@ class RequestRecord:
         self.reason = "-"  # X-Activator-Reason, or what cut the response short
         self.queue_wait: float | None = None
         self.upstream_start: float | None = None
-        self.bytes_out = 0
+        self.bytes_in = 0  # request body bytes (a tunnel: client to pod)
+        self.bytes_out = 0  # response body bytes sent (a tunnel: pod to client)
         # Passed to a sibling worker, which counts it itself (metrics skip it here).
         self.relayed = False
 
     def access_line(self, wall_clock: float) -> str:
-        """HAProxy-like: time client service pod status reason Tw Tr Tt bytes "request"."""
+        """HAProxy-like: time client service pod status reason Tw Tr Tt bytes in "request"."""
 
         def ms(seconds: float | None) -> str:
             return "-1" if seconds is None else str(round(seconds * 1000))
@@ -65,7 +67,7 @@ class RequestRecord:
         return (
             f"{stamp}Z {self.client} {self.service} {self.pod} {self.status} {self.reason} "
             f"Tw={ms(self.queue_wait)} Tr={ms(upstream)} Tt={ms(self.end - self.start)} "
-            f'bytes={self.bytes_out} "{self.method} {self.target.decode("latin-1")}"'
+            f'bytes={self.bytes_out} in={self.bytes_in} "{self.method} {self.target.decode("latin-1")}"'
         )
 
 

@@ -40,9 +40,11 @@ from .core.config import ServiceConfig
 from .core.errors import (
     ActivatorError,
     ClientGone,
+    DeadlineExceeded,
     InternalError,
     QueueTimeout,
     ShuttingDown,
+    UpstreamBadResponse,
     UpstreamConnectError,
     UpstreamTimeout,
 )
@@ -54,6 +56,7 @@ from .core.topology import Forward, Topology, may_forward
 from .engine import EXCHANGE
 from .exchange import ClientExchange, PodResponse
 from .observe import Observer, RequestRecord
+from .tunnel import Tunnel
 from .upstream import Timeouts, UpstreamBodyError, UpstreamPool
 from .writer import Actor, TopologyWriter
 
@@ -92,6 +95,11 @@ class Lease:
         failed, self.grant = self.grant, None
         assert failed is not None
         self.grant = gate.acquire_retry(self.throttler, failed, timeout, client, self.actor.act)
+
+    def open_tunnel(self) -> None:
+        """The request became a tunnel (counted per service: ``/status``, StatsD)."""
+        assert self.grant is not None
+        self.throttler.open_tunnel(self.grant)
 
     def failed(self, kind: FailureKind) -> None:
         """A transport failure on this request's pod: an event for the topology writer."""
@@ -149,7 +157,9 @@ class Proxy:
         finally:
             self.active -= 1
             record.end = time.monotonic()
-            record.bytes_out = exchange.bytes_sent
+            if record.status != 101:  # a tunnel counted its own bytes
+                record.bytes_out = exchange.bytes_sent
+                record.bytes_in = exchange.body_bytes
             if exchange.was_cut and not exchange.finished:
                 record.status, record.reason = 499, "client-gone"
             elif record.status == 0:
@@ -176,6 +186,7 @@ class Proxy:
             raise ShuttingDown()
         config = throttler.config
         marker = self._marker(exchange)
+        deadline = self._grpc_deadline(exchange, record)
         # Built before waiting, so that a handed-over slot is put to use at once.
         pod_headers = http.pod_request_headers(
             exchange.headers,
@@ -184,21 +195,32 @@ class Proxy:
             exchange.scheme_bytes,
             exchange.hosts[0] if exchange.hosts else b"",
             http.connection_tokens(exchange.connection_values),
+            exchange.upgrade_value if exchange.upgrade else None,
         )
         target = self.topology.forward_target(throttler.name)
         if target is None or not may_forward(marker, target.kind):
+            wait = config.queue_timeout if deadline is None else min(config.queue_timeout, deadline - record.start)
             try:
-                grant = gate.acquire(throttler, config.queue_timeout, exchange, self.actor.act)
+                grant = gate.acquire(throttler, wait, exchange, self.actor.act)
             except gate.Redirected:
                 target = self.topology.forward_target(throttler.name)
                 if target is None or not may_forward(marker, target.kind):
                     raise QueueTimeout() from None
+            except QueueTimeout:
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise DeadlineExceeded("grpc-timeout passed while queued") from None
+                raise
             else:
                 record.queue_wait = time.monotonic() - record.start
+                if deadline is not None:
+                    _pass_on_deadline(pod_headers, deadline)
                 lease = Lease(throttler, grant, self.actor, self.writer)
                 try:
                     response = self._send_to_pod(exchange, pod_headers, config, lease, record)
-                    self._relay(exchange, response, record, lease)
+                    if response.upgraded:
+                        self._tunnel(exchange, response, config, record, lease)
+                    else:
+                        self._relay(exchange, response, record, lease)
                 finally:
                     lease.release()
                 return
@@ -209,18 +231,35 @@ class Proxy:
         values = exchange.forwarded
         return b", ".join(values).decode("latin-1") if values else None
 
+    @staticmethod
+    def _grpc_deadline(exchange: ClientExchange, record: RequestRecord) -> float | None:
+        """A gRPC request's deadline (monotonic), from its ``grpc-timeout``; raises when spent."""
+        if exchange.grpc_timeout is None:
+            return None
+        seconds = http.grpc_timeout(exchange.grpc_timeout)
+        if seconds is None:
+            return None
+        if seconds <= 0:
+            raise DeadlineExceeded("grpc-timeout spent on arrival")
+        return record.start + seconds
+
     def _timeouts(self, config: ServiceConfig, forwarding: bool = False) -> Timeouts:
-        """The pod timeouts of a service (made once per configuration and reused)."""
+        """The pod timeouts of a service (made once per configuration and reused).
+
+        A forwarded request's head may come only after it waited in the receiver's
+        queue: its response-start and total times get ``queue_timeout`` on top.
+        """
         key = (id(config), forwarding)
         cached = self._timeouts_cache.get(key)
         if cached is not None and cached[0] is config and cached[1].client == self.client_timeout:
             return cached[1]
         extra = config.queue_timeout if forwarding else 0.0
+        total = None if config.request_timeout is None else config.request_timeout + extra
         timeouts = Timeouts(
             config.connect_timeout,
-            config.request_timeout + extra,
-            None,
-            config.request_timeout + extra,
+            config.response_start_timeout + extra,
+            config.idle_timeout,
+            total,
             self.client_timeout,
         )
         if len(self._timeouts_cache) > 1024:
@@ -310,6 +349,33 @@ class Proxy:
         finally:
             response.close()
 
+    def _tunnel(
+        self,
+        exchange: ClientExchange,
+        response: PodResponse,
+        config: ServiceConfig,
+        record: RequestRecord,
+        lease: Lease,
+    ) -> None:
+        """The pod accepted an Upgrade (101): splice bytes until either side closes."""
+        switch = getattr(exchange, "switch_protocols", None)
+        if switch is None:  # only HTTP/1.1 upgrades: an HTTP/2 stream never asks for one
+            response.abort()
+            raise UpstreamBadResponse("a 101 answer to a request that asked for no upgrade")
+        headers = http.response_headers(response.headers, response.lower_names, BodyFraming.NONE, keep_upgrade=True)
+        pod_socket = response.detach()
+        client_socket, to_pod = switch(response.reason, headers)
+        tunnel = Tunnel(client_socket, pod_socket, config.idle_timeout)
+        lease.open_tunnel()
+        try:
+            tunnel.run(to_pod, response.tunnel_data)
+        finally:
+            pod_socket.close()
+            record.bytes_in, record.bytes_out = tunnel.upstream, tunnel.downstream
+            record.status = 101
+            if tunnel.timed_out:
+                record.reason = "tunnel-idle"
+
     def _forward(
         self,
         exchange: ClientExchange,
@@ -347,3 +413,11 @@ def make_app(proxy: Proxy) -> falcon.App[falcon.Request, falcon.Response]:
     # prefix "" (matches any path), not "/": every target reaches the sink.
     app.add_sink(proxy, prefix="")
     return app
+
+
+def _pass_on_deadline(pod_headers: list[Header], deadline: float) -> None:
+    """A gRPC request goes on with what is left of its deadline (the time queued is spent)."""
+    left = http.format_grpc_timeout(deadline - time.monotonic())
+    for index, (name, _) in enumerate(pod_headers):
+        if name.lower() == b"grpc-timeout":
+            pod_headers[index] = (name, left)

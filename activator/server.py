@@ -26,6 +26,7 @@ import datetime
 import logging
 import os
 import socket
+import ssl
 import sys
 import time
 from typing import Any
@@ -50,6 +51,7 @@ from .proxy import Proxy, make_app
 from .signals import Signals
 from .sockets import listen_socket
 from .systemd import Notifier, run_watchdog
+from .tls import load_context
 from .upstream import UpstreamPool
 from .watcher import FileWatcher
 from .workersockets import WorkerSockets
@@ -107,6 +109,9 @@ class Runtime:
             config.limits.client_timeout,
         )
         self.watcher = FileWatcher(self.path, self.reload)
+        #: The proxy listener's TLS context (``tls:``), made at start and on each reload.
+        self._tls_context = load_context(config.tls, config.path) if config.tls is not None else None
+        self._tls_watchers: list[gevent.Greenlet] = []
         self.signals = Signals(lambda: self.reload("SIGHUP"), self.stop, self._exit_now)
         self._stopped = Event()
         self._reload_lock = gevent.lock.Semaphore()
@@ -140,7 +145,9 @@ class Runtime:
         config = self.config
         worker = self.worker
         app = make_app(self.proxy)
-        self.server = HttpServer(worker.public if worker else listen_on(config.listen), app, self.limits)
+        self.server = HttpServer(
+            worker.public if worker else listen_on(config.listen), app, self.limits, tls=self._tls_context
+        )
         self.server.start()
         if worker is not None:
             self.private_server = HttpServer(worker.private, app, self.limits)
@@ -159,6 +166,7 @@ class Runtime:
         self.observer.metrics.start()
         self.writer.start()
         self._greenlets = [gevent.spawn(self.watcher.run)]
+        self._watch_tls_files()
         if self.notifier.watchdog_interval():
             self._greenlets.append(gevent.spawn(run_watchdog, self.notifier))  # a stuck loop stops it
         self.signals.install()
@@ -190,6 +198,13 @@ class Runtime:
             f"{sum(s.in_flight for s in services)} in flight, {sum(s.queued for s in services)} queued"
         )
 
+    def _watch_tls_files(self) -> None:
+        """Watch the certificate and key files: a change is a reload (a renewed certificate)."""
+        gevent.killall(self._tls_watchers, block=False)
+        tls = self.config.tls
+        paths = (tls.cert, tls.key) if tls is not None else ()
+        self._tls_watchers = [gevent.spawn(FileWatcher(path, self.reload).run) for path in paths]
+
     def _states_changed(self) -> None:
         self.prober.sync()
 
@@ -219,7 +234,7 @@ class Runtime:
         switch_interval = sys.getswitchinterval()
         sys.setswitchinterval(RELOAD_SWITCH_INTERVAL)
         try:
-            new, diff = gevent.get_hub().threadpool.apply(_load_and_diff, (self.path, self.config))
+            new, diff, context = gevent.get_hub().threadpool.apply(_load_and_diff, (self.path, self.config))
         except ConfigError as error:
             self.last_error = str(error)
             if self.topology.worker_index == 0:  # one count per activator, not per worker
@@ -229,6 +244,7 @@ class Runtime:
             return
         finally:
             sys.setswitchinterval(switch_interval)
+        self._tls_context = context
         applied = Event()
         self.writer.post(ConfigChanged(new, diff), applied)
         applied.wait()
@@ -248,6 +264,10 @@ class Runtime:
             setattr(self.limits, name, getattr(new_limits, name))
         self.proxy.client_timeout = new.limits.client_timeout
         self.proxy.self_name = new.activators.self_name if new.activators else ""
+        if self.server is not None:
+            self.server.tls = self._tls_context
+        if new.tls != old.tls:
+            self._watch_tls_files()
         if new.statsd != old.statsd:
             self.observer.metrics.stop()
             self.observer.metrics = make_metrics(new.statsd, self.topology)
@@ -285,8 +305,7 @@ class Runtime:
         for server in (self.server, self.private_server, self.admin_server):
             if server is not None:
                 server.stop(timeout=1)
-        for greenlet in self._greenlets:
-            greenlet.kill(block=False)
+        gevent.killall([*self._greenlets, *self._tls_watchers], block=False)
         self.writer.stop()
         self.prober.stop()
         self.observer.metrics.stop()
@@ -318,10 +337,12 @@ class Runtime:
         }
 
 
-def _load_and_diff(path: str, old: Config) -> tuple[Config, ConfigDiff]:
-    """Read ``path``: the new config and what applying it changes. Runs in the threadpool: pure."""
+def _load_and_diff(path: str, old: Config) -> tuple[Config, ConfigDiff, ssl.SSLContext | None]:
+    """Read ``path``: the new config, what applying it changes, and its TLS context (the
+    certificate and key read again). Runs in the threadpool."""
     new = load_config(path)
-    return new, diff_configs(old, new)
+    context = load_context(new.tls, path) if new.tls is not None else None
+    return new, diff_configs(old, new), context
 
 
 def _iso(timestamp: float) -> str:
@@ -338,7 +359,11 @@ def setup_logging() -> None:
 
 def run(config: Config, worker: WorkerSockets | None) -> int:
     """Serve ``config`` as one activator process until stopped. Returns the exit code."""
-    runtime = Runtime(config, worker=worker)
+    try:
+        runtime = Runtime(config, worker=worker)
+    except ConfigError as error:  # a TLS pair that cannot serve
+        print(f"activator: {error}", file=sys.stderr)
+        return 2
     try:
         runtime.start()
     except OSError as error:

@@ -463,7 +463,7 @@ class PodConnection(deadlines.Watched):
             if self._remaining and self._send_rest():  # the pod answered first
                 self.early = True
             if not self.head_done:
-                self.deadline = time.monotonic() + self._timeouts.response_start
+                self.deadline = self._head_deadline()
                 try:
                     while not self.head_done:
                         self._receive_head(reused)
@@ -474,6 +474,12 @@ class PodConnection(deadlines.Watched):
             raise
         total = self._timeouts.total
         self._total_deadline = None if total is None else self._sent_at + total
+
+    def _head_deadline(self) -> float:
+        """When the response head is due: ``response_start`` from now, within ``total``."""
+        due = time.monotonic() + self._timeouts.response_start
+        total = self._timeouts.total
+        return due if total is None else min(due, self._sent_at + total)
 
     def _send_rest(self) -> bool:
         """Stream the rest of the body. True if the pod sent a final answer before the end."""
@@ -505,7 +511,7 @@ class PodConnection(deadlines.Watched):
         """Read what the pod sent while the body streams; True once a final head is in."""
         if not _readable_or_closed(self.fd):
             return False
-        self.deadline = time.monotonic() + self._timeouts.response_start
+        self.deadline = self._head_deadline()
         try:
             self._receive_head(reused=False)
         finally:

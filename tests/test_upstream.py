@@ -24,8 +24,8 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import gevent
-import gevent.select
 import gevent.event
+import gevent.select
 import pytest
 from gevent import socket as gsocket
 from hypothesis import given, settings

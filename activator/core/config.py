@@ -73,9 +73,15 @@ class ServiceConfig:
     queue_depth: int = 100
     queue_timeout: float = 30.0
     connect_timeout: float = 2.0
-    request_timeout: float = 300.0
+    # The whole exchange with the pod, from its request; None = no limit (a long stream).
+    request_timeout: float | None = 300.0
+    # From the request sent whole to the pod's response head.
+    response_start_timeout: float = 300.0
+    # Silence from the pod mid-body (a tunnel: either way); None = none of its own.
+    idle_timeout: float | None = None
     lb_policy: str = "auto"
     drain_timeout: float = 3600.0
+    protocol: str = "http1"  # how the pods are spoken to: http1 | h2c
     probe: ProbeConfig | None = None
     pods: tuple[PodConfig, ...] = ()
 
@@ -96,6 +102,14 @@ class StatsdConfig:
 
 
 @dataclass(frozen=True)
+class TlsConfig:
+    """The proxy listener speaks TLS with this pair (PEM files, re-read on reload)."""
+
+    cert: str
+    key: str
+
+
+@dataclass(frozen=True)
 class ActivatorsConfig:
     self_name: str
     peers: Mapping[str, Address]  # name -> address, includes self_name
@@ -111,6 +125,7 @@ class Config:
     access_log: bool = True
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     statsd: StatsdConfig | None = None
+    tls: TlsConfig | None = None
     activators: ActivatorsConfig | None = None
     services: Mapping[str, ServiceConfig] = field(default_factory=dict)
 
@@ -130,6 +145,7 @@ _TOP_KEYS = (
     "access_log",
     "limits",
     "statsd",
+    "tls",
     "activators",
     "services",
 )
@@ -148,11 +164,16 @@ _SERVICE_KEYS = (
     "queue_timeout",
     "connect_timeout",
     "request_timeout",
+    "response_start_timeout",
+    "idle_timeout",
     "lb_policy",
     "drain_timeout",
+    "protocol",
     "probe",
     "pods",
 )
+_TLS_KEYS = ("cert", "key")
+PROTOCOLS = ("http1", "h2c")
 _PROBE_KEYS = ("path", "interval", "timeout", "healthy_after", "unhealthy_after")
 _POD_KEYS = ("address", "drain")
 
@@ -425,6 +446,7 @@ class _Parser:
             access_log=top.boolean("access_log", default.access_log),
             limits=self.limits(top.get("limits")) if top.has("limits") else default.limits,
             statsd=top.optional("statsd", self.statsd),
+            tls=top.optional("tls", self.tls),
             activators=top.optional("activators", self.activators),
             services=self.services(top.get("services")),
         )
@@ -538,12 +560,34 @@ class _Parser:
             queue_depth=m.integer("queue_depth", d.queue_depth, minimum=0),
             queue_timeout=m.duration("queue_timeout", d.queue_timeout),
             connect_timeout=m.duration("connect_timeout", d.connect_timeout, positive=True),
-            request_timeout=m.duration("request_timeout", d.request_timeout, positive=True),
+            request_timeout=m.optional_duration("request_timeout", d.request_timeout),
+            response_start_timeout=m.duration("response_start_timeout", d.response_start_timeout, positive=True),
+            idle_timeout=m.optional_duration("idle_timeout", d.idle_timeout),
             lb_policy=lb_policy,
             drain_timeout=m.duration("drain_timeout", d.drain_timeout),
+            protocol=self.protocol(m),
             probe=m.optional("probe", self.probe),
             pods=self.pods(m.get("pods"), m.path("pods")),
         )
+
+    def protocol(self, m: _Section) -> str:
+        value = m.get("protocol") if m.has("protocol") else "http1"
+        if not isinstance(value, str) or value not in PROTOCOLS:
+            raise self.fail(m.path("protocol"), f"must be one of {', '.join(PROTOCOLS)}, got {_describe_value(value)}")
+        return value
+
+    def tls(self, value: object, path: KeyPath) -> TlsConfig:
+        m = self.section(value, path, _TLS_KEYS)
+        return TlsConfig(
+            cert=self.file_path(m.required("cert"), m.path("cert")),
+            key=self.file_path(m.required("key"), m.path("key")),
+        )
+
+    def file_path(self, value: object, path: KeyPath) -> str:
+        """A file's path (whether it can be read is checked by the shell, ``check`` included)."""
+        if not isinstance(value, str) or not value.strip():
+            raise self.fail(path, f"must be a file path, got {_describe_value(value)}")
+        return value
 
     def hosts(self, value: object, path: KeyPath) -> tuple[str, ...]:
         if not isinstance(value, list) or not value:
@@ -682,6 +726,13 @@ class _Section:
             return default
         return self.parser.duration(self.mapping[key], self.path(key), positive=positive)
 
+    def optional_duration(self, key: str, default: float | None) -> float | None:
+        """A positive duration, or ``null`` for none (no limit)."""
+        if key not in self.mapping:
+            return default
+        value = self.mapping[key]
+        return None if value is None else self.parser.duration(value, self.path(key), positive=True)
+
 
 def _overlap(a: str, b: str) -> bool:
     """Whether two listen hosts could share a socket address (same, or a wildcard)."""
@@ -760,6 +811,8 @@ class ServiceDiff:
     name: str
     pods: tuple[PodChange, ...] = ()
     changes: tuple[Change, ...] = ()
+    #: The listed pods are the same but in another order (first-available follows it).
+    reordered: bool = False
 
     def _addresses(self, *moves: tuple[Listing, Listing]) -> tuple[str, ...]:
         return tuple(change.address for change in self.pods if (change.before, change.after) in moves)
@@ -783,7 +836,7 @@ class ServiceDiff:
         return self._addresses((Listing.DRAINED, Listing.ABSENT))
 
     def is_empty(self) -> bool:
-        return not (self.pods or self.changes)
+        return not (self.pods or self.changes or self.reordered)
 
 
 @dataclass(frozen=True)
@@ -831,6 +884,8 @@ class ConfigDiff:
             lines += [f"{prefix} undrain pod {address}" for address in service.undrain_pods]
             lines += [f"{prefix} drain pod {address}" for address in service.drain_pods]
             lines += [f"{prefix} unlist drained pod {address}" for address in service.unlist_pods]
+            if service.reordered:
+                lines.append(f"{prefix} pods listed in a new order")
         return "\n".join(lines)
 
 
@@ -853,9 +908,14 @@ def diff_configs(old: Config, new: Config) -> ConfigDiff:
 
 def _service_diff(name: str, old: ServiceConfig | None, new: ServiceConfig | None) -> ServiceDiff:
     changes: tuple[Change, ...] = ()
+    reordered = False
     if old is not None and new is not None:
         changes = tuple(c for c in _changes("", old, new) if c.name not in ("name", "pods"))
-    return ServiceDiff(name, pod_changes(old, new), changes)
+        kept = {pod.address for pod in old.pods} & {pod.address for pod in new.pods}
+        reordered = [p.address for p in old.pods if p.address in kept] != [
+            p.address for p in new.pods if p.address in kept
+        ]
+    return ServiceDiff(name, pod_changes(old, new), changes, reordered)
 
 
 def _changes(prefix: str, old: object, new: object) -> list[Change]:
@@ -908,7 +968,7 @@ def describe_config(config: Config) -> str:
     max_body = "unlimited" if limits.max_body_bytes is None else str(limits.max_body_bytes)
     lines = [
         f"config {config.path}",
-        f"listen {config.listen}",
+        f"listen {config.listen}" + (f" (TLS: cert {config.tls.cert}, key {config.tls.key})" if config.tls else ""),
         f"admin {config.admin}" if config.admin else "admin disabled",
         f"workers {config.workers}, grace_period {format_duration(config.grace_period)}, "
         + f"access_log {_show(config.access_log)}",
@@ -931,6 +991,10 @@ def describe_config(config: Config) -> str:
     return "\n".join(lines)
 
 
+def _optional_duration(seconds: float | None) -> str:
+    return "none" if seconds is None else format_duration(seconds)
+
+
 def _describe_service(service: ServiceConfig) -> list[str]:
     cc = service.container_concurrency
     resolved = resolve_lb_policy(service.lb_policy, cc)
@@ -942,9 +1006,11 @@ def _describe_service(service: ServiceConfig) -> list[str]:
         + f"queue_depth {service.queue_depth}, "
         + f"queue_timeout {format_duration(service.queue_timeout)}",
         f"  connect_timeout {format_duration(service.connect_timeout)}, "
-        + f"request_timeout {format_duration(service.request_timeout)}, "
+        + f"response_start_timeout {format_duration(service.response_start_timeout)}, "
+        + f"idle_timeout {_optional_duration(service.idle_timeout)}, "
+        + f"request_timeout {_optional_duration(service.request_timeout)}, "
         + f"drain_timeout {format_duration(service.drain_timeout)}",
-        f"  lb_policy {lb}",
+        f"  lb_policy {lb}, pods spoken to over {'HTTP/2 (h2c)' if service.protocol == 'h2c' else 'HTTP/1.1'}",
     ]
     probe = service.probe
     if probe is None:

@@ -158,6 +158,21 @@ class ShuttingDown(ActivatorError):
     closes_connection = True
 
 
+class DeadlineExceeded(ActivatorError):
+    """A gRPC request's ``grpc-timeout`` passed before it got a slot (or had passed on arrival)."""
+
+    status = 504
+    reason = "deadline-exceeded"
+
+
+class PeerUnavailable(ActivatorError):
+    """The only owners of the service's slots are peers that are down."""
+
+    status = 503
+    reason = "peer-unavailable"
+    retry_after = 1
+
+
 # -- the pod ----------------------------------------------------------------------------------
 
 

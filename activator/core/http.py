@@ -364,18 +364,95 @@ def status_line(status: int, reason: bytes | None = None) -> bytes:
     return b"HTTP/1.1 %d %s\r\n" % (status, reason)
 
 
-def own_answer(error: ActivatorError, close: bool) -> bytes:
-    """The whole response activator gives for ``error`` (the one place it is spelled)."""
+def own_answer_headers(error: ActivatorError, grpc: bool) -> tuple[int, list[Header], bytes]:
+    """Activator's own answer for ``error``: (status, header lines, body), the one place
+    it is decided; each transport spells it.
+
+    A gRPC request (``grpc``) gets what a gRPC client understands: 200 with
+    ``grpc-status`` and ``grpc-message`` (``grpc_status``) and no body (trailers-only);
+    every answer carries ``X-Activator-Reason``, and ``Retry-After`` when the error has one.
+    """
+    reason = error.reason.encode()
+    retry = [(b"retry-after", b"%d" % error.retry_after)] if error.retry_after is not None else []
+    if grpc:
+        message = f"{error.status} {error.reason}".encode()
+        headers = [
+            (b"content-type", b"application/grpc"),
+            (b"grpc-status", b"%d" % grpc_status(error)),
+            (b"grpc-message", message),
+            (b"x-activator-reason", reason),
+            *retry,
+        ]
+        return 200, headers, b""
     body = f"{error.status} {error.reason}\n".encode()
-    retry = b"Retry-After: %d\r\n" % error.retry_after if error.retry_after is not None else b""
-    return (
-        b"%sX-Activator-Reason: %s\r\n%sContent-Type: text/plain; charset=utf-8\r\nContent-Length: %d\r\n%s\r\n%s"
-        % (
-            status_line(error.status),
-            error.reason.encode(),
-            retry,
-            len(body),
-            b"Connection: close\r\n" if close else b"",
-            body,
-        )
-    )
+    headers = [
+        (b"X-Activator-Reason", reason),
+        *retry,
+        (b"Content-Type", b"text/plain; charset=utf-8"),
+        (b"Content-Length", b"%d" % len(body)),
+    ]
+    return error.status, headers, body
+
+
+def own_answer(error: ActivatorError, close: bool, grpc: bool = False) -> bytes:
+    """Activator's own answer for ``error`` as HTTP/1.1 bytes (``own_answer_headers``)."""
+    status, headers, body = own_answer_headers(error, grpc)
+    if grpc:  # an HTTP/1.1 gRPC answer: the status rides in headers, the body is empty
+        headers.append((b"Content-Length", b"0"))
+    if close:
+        headers.append((b"Connection", b"close"))
+    return b"%s%s\r\n%s" % (status_line(status), header_block(headers), body)
+
+
+# -- gRPC -------------------------------------------------------------------------------------
+
+#: Activator's own answers as gRPC status codes (grpc/doc/statuscodes.md).
+GRPC_STATUS = {
+    "queue-full": 8,  # RESOURCE_EXHAUSTED
+    "queue-timeout": 14,  # UNAVAILABLE
+    "upstream-connect": 14,
+    "upstream-bad-response": 14,
+    "shutting-down": 14,
+    "peer-unavailable": 14,
+    "too-many-connections": 14,
+    "upstream-timeout": 4,  # DEADLINE_EXCEEDED
+    "deadline-exceeded": 4,
+    "unknown-host": 12,  # UNIMPLEMENTED
+    "unsupported-method": 12,
+    "body-too-large": 8,
+    "headers-too-large": 8,
+}
+#: Any other answer, by HTTP status, as gRPC maps HTTP statuses (grpc/doc/http-grpc-status-mapping.md).
+_GRPC_STATUS_OF_HTTP = {400: 13, 401: 16, 403: 7, 404: 12, 429: 14, 502: 14, 503: 14, 504: 14}
+_GRPC_UNKNOWN = 2
+_GRPC_TIMEOUT = re.compile(rb"([0-9]{1,8})([HMSmun])\Z")
+_GRPC_TIMEOUT_UNITS = {b"H": 3600.0, b"M": 60.0, b"S": 1.0, b"m": 1e-3, b"u": 1e-6, b"n": 1e-9}
+
+
+def is_grpc(content_type: bytes | None) -> bool:
+    """Whether a request is gRPC: its content type is ``application/grpc`` or ``application/grpc+...``."""
+    return content_type is not None and content_type[:16].lower() == b"application/grpc"
+
+
+def grpc_status(error: ActivatorError) -> int:
+    """The gRPC status code of one of activator's own answers."""
+    known = GRPC_STATUS.get(error.reason)
+    if known is not None:
+        return known
+    return _GRPC_STATUS_OF_HTTP.get(error.status, _GRPC_UNKNOWN)
+
+
+def grpc_timeout(value: bytes | None) -> float | None:
+    """Seconds of a ``grpc-timeout`` header (``"100m"``, ``"5S"``); None without a valid one."""
+    if value is None:
+        return None
+    match = _GRPC_TIMEOUT.match(value.strip(_OPTIONAL_WHITESPACE))
+    if match is None:
+        return None
+    return int(match.group(1)) * _GRPC_TIMEOUT_UNITS[match.group(2)]
+
+
+def format_grpc_timeout(seconds: float) -> bytes:
+    """A ``grpc-timeout`` value for ``seconds`` (milliseconds, at most 8 digits, at least 1)."""
+    milliseconds = max(1, min(99_999_999, int(seconds * 1000)))
+    return b"%dm" % milliseconds

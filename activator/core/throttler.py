@@ -116,12 +116,13 @@ class PodTracker:
 class Grant:
     """A slot held on one pod; give it back with ``ServiceThrottler.release`` exactly once."""
 
-    __slots__ = ("pod", "queued", "released")
+    __slots__ = ("pod", "queued", "released", "tunnel")
 
     def __init__(self, pod: PodTracker) -> None:
         self.pod = pod
         self.released = False
         self.queued = False  # handed over to a waiter (rather than granted on arrival)
+        self.tunnel = False  # it became a tunnel (an upgrade the pod accepted)
 
 
 class Waiter:
@@ -152,18 +153,31 @@ class Effects:
     def __bool__(self) -> bool:
         return bool(self.woken or self.transitions)
 
-    def __add__(self, other: Effects) -> Effects:
-        if not other:
-            return self
-        if not self:
-            return other
-        return Effects([*self.woken, *other.woken], [*self.transitions, *other.transitions])
-
     def __repr__(self) -> str:
         return f"<Effects woken={len(self.woken)} transitions={list(self.transitions)}>"
 
 
 NO_EFFECTS = Effects()
+
+
+class EffectsCollector:
+    """Effects of many core calls, gathered into one (without copying at each step)."""
+
+    __slots__ = ("_transitions", "_woken")
+
+    def __init__(self) -> None:
+        self._woken: list[Waiter] = []
+        self._transitions: list[Transition] = []
+
+    def add(self, effects: Effects) -> None:
+        if effects:
+            self._woken.extend(effects.woken)
+            self._transitions.extend(effects.transitions)
+
+    def result(self) -> Effects:
+        if not self._woken and not self._transitions:
+            return NO_EFFECTS
+        return Effects(self._woken, self._transitions)
 
 
 class ServiceThrottler:
@@ -185,6 +199,8 @@ class ServiceThrottler:
         self._queue: OrderedDict[Waiter, None] = OrderedDict()
         # Invariant: equals the sum of the trackers' in_flight.
         self.in_flight = 0
+        # Invariant: the unreleased grants that became tunnels (each is also in in_flight).
+        self.tunnels = 0
         self.policy: Policy = make_policy(config.lb_policy, config.container_concurrency, rng)
         self._draining: set[str] = set()
         self._capacity: int | None = 0
@@ -215,6 +231,8 @@ class ServiceThrottler:
         of the queue (it already waited its turn). ``failed`` is released here, after
         the choice, so that its freed slot is not the first one offered.
         """
+        if failed.released:
+            raise InvariantViolation(f"retry of a grant on {failed.pod.address} given back already")
         excluded = failed.pod
         was_available = excluded in self.policy
         if was_available:
@@ -239,6 +257,13 @@ class ServiceThrottler:
             return waiter.grant
         self._queue.pop(waiter, None)
         return None
+
+    def open_tunnel(self, grant: Grant) -> None:
+        """The request of ``grant`` became a tunnel: it holds its slot until released."""
+        if grant.released or grant.tunnel:
+            raise InvariantViolation(f"tunnel opened on a grant on {grant.pod.address} that cannot have one")
+        grant.tunnel = True
+        self.tunnels += 1
 
     def release(self, grant: Grant, now: float, answered: bool = False) -> Effects:
         """Give a slot back; it goes to the oldest waiter if anyone waits.
@@ -384,6 +409,7 @@ class ServiceThrottler:
             "lb_policy": self.policy.name,
             "capacity": self.capacity,
             "in_flight": self.in_flight,
+            "tunnels": self.tunnels,
             "queued": len(self._queue),
             "queue_depth": self.config.queue_depth,
             "oldest_wait_seconds": round(self.oldest_wait(now), 3),
@@ -401,6 +427,8 @@ class ServiceThrottler:
             self._fail(f"in_flight {self.in_flight} != sum over pods {total}")
         if len(self.policy) != sum(1 for t in self.trackers.values() if t.can_take()):
             self._fail("policy holds pods that are not tracked")
+        if not 0 <= self.tunnels <= self.in_flight:
+            self._fail(f"{self.tunnels} tunnels with {self.in_flight} in flight")
         if self._queue and len(self.policy):
             self._fail(f"{len(self._queue)} waiting while a pod has a free slot")
         if any(waiter.grant is not None for waiter in self._queue):
@@ -454,6 +482,8 @@ class ServiceThrottler:
         if grant.released:
             raise InvariantViolation(f"grant on {grant.pod.address} released twice")
         grant.released = True
+        if grant.tunnel:
+            self.tunnels -= 1
         pod = grant.pod
         if answered:
             pod.failures = 0

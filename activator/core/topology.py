@@ -14,6 +14,7 @@ their throttler's acquire and release. Nothing here yields; every change returns
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ from . import slots as slot_division
 from .config import Config, ConfigDiff, ServiceConfig, normalize_host
 from .errors import UnknownHost
 from .events import ConfigChanged, Event, ProbeReport, Tick, TransportFailure
-from .throttler import NO_EFFECTS, Effects, ServiceThrottler
+from .throttler import NO_EFFECTS, Effects, EffectsCollector, ServiceThrottler
 
 #: Peer hops a request may take: the second only happens while activators disagree
 #: about who owns a service's slots (one applied a new file, the other not yet).
@@ -107,7 +108,7 @@ class Topology:
         if diff is not None and not diff.peers_changed:
             only = {service.name for service in diff.services}
         self.config = config
-        effects = NO_EFFECTS
+        effects = EffectsCollector()
         for name, service_config in config.services.items():
             if only is not None and name not in only and name in self.services:
                 continue
@@ -117,19 +118,18 @@ class Topology:
             throttler = self.services.get(name)
             if throttler is None:
                 throttler = self.services[name] = ServiceThrottler(service_config, now, owned=owned, rng=self._rng)
-                effects += throttler.initial_effects
+                effects.add(throttler.initial_effects)
             else:
-                effects += throttler.apply(service_config, now, owned)
+                effects.add(throttler.apply(service_config, now, owned))
                 if forward is not None:
-                    effects += throttler.redirect_waiters()
+                    effects.add(throttler.redirect_waiters())
         for name, throttler in list(self.services.items()):
             if name not in config.services:
                 self._forwards.pop(name, None)
                 self._fallbacks.pop(name, None)
-                retired = ServiceConfig(
-                    name=name, hosts=(), container_concurrency=throttler.config.container_concurrency
-                )
-                effects += throttler.apply(retired, now, {})
+                # Its pods drain under its own settings (drain_timeout among them).
+                retired = dataclasses.replace(throttler.config, hosts=(), pods=())
+                effects.add(throttler.apply(retired, now, {}))
         self._by_host = {}
         self._catch_all = None
         self._route_cache = {}
@@ -140,7 +140,7 @@ class Topology:
                 else:
                     self._by_host[host] = self.services[name]
         self._drop_retired()
-        return effects
+        return effects.result()
 
     def handle(self, event: Event, now: float) -> Effects:
         """Apply one topology event (the writer's only call). Does not yield."""
@@ -212,11 +212,11 @@ class Topology:
 
     def tick(self, now: float) -> Effects:
         """Periodic housekeeping (drain timeouts, retired services)."""
-        effects = NO_EFFECTS
+        effects = EffectsCollector()
         for throttler in self.services.values():
-            effects += throttler.tick(now)
+            effects.add(throttler.tick(now))
         self._drop_retired()
-        return effects
+        return effects.result()
 
     def snapshot(self, now: float) -> dict[str, Any]:
         services = {}

@@ -719,7 +719,7 @@ POD_DIFFS: list[tuple[str, list[object], list[object], dict[str, tuple[str, ...]
     ("undrain", [A, drained(B)], [A, B], {"undrain_pods": (B,)}),
     ("unlist-drained", [A, drained(B)], [A], {"unlist_pods": (B,)}),
     ("still-drained", [drained(A)], [drained(A)], {}),
-    ("reorder-is-no-change", [A, B], [B, A], {}),
+    ("reorder-is-a-change", [A, B], [B, A], {"reordered": True}),
     ("replace", [A, B], [A, C], {"add_pods": (C,), "drain_pods": (B,)}),
     ("all-at-once", [A, drained(B), C], [drained(A), B], {"drain_pods": (A, C), "undrain_pods": (B,)}),
 ]
@@ -728,17 +728,17 @@ POD_DIFFS: list[tuple[str, list[object], list[object], dict[str, tuple[str, ...]
 MOVES = ("add_pods", "drain_pods", "undrain_pods", "unlist_pods")
 
 
-def moves_of(expected: dict[str, tuple[str, ...]]) -> tuple[tuple[str, ...], ...]:
-    return tuple(expected.get(name, ()) for name in MOVES)
+def moves_of(expected: dict[str, object]) -> tuple[object, ...]:
+    return (*(expected.get(name, ()) for name in MOVES), expected.get("reordered", False))
 
 
-def moves(service: ServiceDiff) -> tuple[str, tuple[tuple[str, ...], ...]]:
-    """A service diff's pods, in the four words the diff describes them with."""
-    return service.name, tuple(getattr(service, name) for name in MOVES)
+def moves(service: ServiceDiff) -> tuple[str, tuple[object, ...]]:
+    """A service diff's pods, in the four words the diff describes them with, and its order."""
+    return service.name, (*(getattr(service, name) for name in MOVES), service.reordered)
 
 
 @pytest.mark.parametrize(("old", "new", "expected"), [c[1:] for c in POD_DIFFS], ids=[c[0] for c in POD_DIFFS])
-def test_pod_diff(old: list[object], new: list[object], expected: dict[str, tuple[str, ...]]) -> None:
+def test_pod_diff(old: list[object], new: list[object], expected: dict[str, object]) -> None:
     diff = diff_configs(pods_config(old), pods_config(new))
     if not expected:
         assert diff.is_empty()
@@ -959,15 +959,15 @@ def test_describe_config_lists_listeners_services_and_pods() -> None:
     api = lines[lines.index("service api") :]
     assert api[1] == "  hosts: api.example.com"
     assert api[2] == "  container_concurrency 1, queue_depth 100, queue_timeout 30s"
-    assert "  lb_policy auto -> first-available" in api
+    assert "  lb_policy auto -> first-available, pods spoken to over HTTP/1.1" in api
     assert "  probe: GET /healthz every 1s, timeout 1s, healthy after 1, unhealthy after 3" in api
     assert api[api.index("  pods (2):") + 1 :][:2] == [f"    {A}", f"    {B}  (drain)"]
     bulk = lines[lines.index("service bulk") :]
     assert "  hosts: * (catch-all)" in bulk
-    assert "  lb_policy round-robin" in bulk
+    assert "  lb_policy round-robin, pods spoken to over HTTP/1.1" in bulk
     assert "  pods: none" in bulk
     assert "  probe: none (pods are routable as soon as listed)" in bulk
-    assert "  lb_policy auto -> round-robin" in lines[lines.index("service fast") :]
+    assert "  lb_policy auto -> round-robin, pods spoken to over HTTP/1.1" in lines[lines.index("service fast") :]
 
 
 def test_describe_config_without_services() -> None:

@@ -17,8 +17,11 @@ Properties, for every service:
 - no black hole: a process owning nothing of a service that has slots forwards it, a
   peer first (kind "peer", to a peer that owns some), then within the receiving
   activator to a sibling worker (kind "worker", to one that owns some); following the
-  forwarding rule of ``proxy.may_forward`` (a request from a peer may go on to a sibling
-  worker, a request from a worker goes nowhere) always ends at a process with slots.
+  forwards with the real hop rule (``core.topology.may_forward``, on the
+  ``X-Activator-Forwarded`` marker the proxy builds, one hop appended per forward)
+  always ends at a process with slots, in at most one peer hop: the rule's second peer
+  hop is for activators whose files disagree for a moment, which a fleet with one file
+  never needs.
 """
 
 from __future__ import annotations
@@ -27,12 +30,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pytest
+from builders import pod
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from activator.core.config import ActivatorsConfig, Address, Config, PodConfig, ServiceConfig
+from activator.core.config import ActivatorsConfig, Address, Config, ServiceConfig
 from activator.core.throttler import Grant, Waiter
-from activator.core.topology import Forward, Topology
+from activator.core.topology import Forward, Topology, may_forward
 
 # --------------------------------------------------------------------------- helpers
 
@@ -46,11 +50,6 @@ def peer_address(index: int) -> Address:
 
 def worker_addresses(peer_index: int, workers: int) -> list[str]:
     return [f"127.0.0.1:{30000 + 100 * peer_index + w}" for w in range(workers)] if workers > 1 else []
-
-
-def pod(address: str, drain: bool = False) -> PodConfig:
-    host, _, port = address.rpartition(":")
-    return PodConfig(address=address, host=host, port=int(port), drain=drain)
 
 
 def make_config(me: str | None, peers: Sequence[str], services: Services, workers: int = 1) -> Config:
@@ -109,14 +108,11 @@ def pods_of(n: int, first: int = 1) -> list[str]:
     return [f"10.0.1.{i}:8000" for i in range(first, first + n)]
 
 
-def may_forward(marker: str | None, kind: str) -> bool:
-    """The rule of ``activator.proxy.may_forward`` for a request arriving normally (not
-    imported: this tier loads no gevent): one hop per level; a request from a peer may
-    still go to a sibling worker. (Waiters redirected by a reload may take one more peer
-    hop; a fleet with one file never needs it, so it is not allowed here.)"""
-    if marker is None:
-        return True
-    return marker.startswith("peer") and kind == "worker"
+def hop_marker(marker: str | None, kind: str, sender: str) -> str:
+    """The ``X-Activator-Forwarded`` value after one more hop, as the proxy writes it: the
+    hops so far, then this one (``peer <sender's name>`` or ``worker <sender's index>``)."""
+    hop = f"{kind} {sender}"
+    return f"{marker}, {hop}" if marker else hop
 
 
 # --------------------------------------------------------------------------- worked examples
@@ -255,18 +251,18 @@ def assert_reaches_owner(
             f"{at} owns nothing of {service} and cannot forward ({forward}, marker {marker})"
         )
         if forward.kind == "peer":
+            assert marker is None, f"{at} forwards to a second peer ({forward}, marker {marker}) with one file"
             assert forward.address in by_address, forward
             assert forward.address != str(peer_address(list(peers).index(at[0]))), "forwards to itself"
             target = by_address[forward.address]
-            marker = f"peer {at[0]}"
+            marker = hop_marker(marker, "peer", at[0])
             # The kernel gives the connection to any worker of the target: all must do.
             landing = [(target, i) for i in range(workers)]
             for land in landing[1:]:
-                sub_marker = marker
                 t2 = procs[land]
                 if not owned(t2, service):
                     f2 = t2.forward_target(service)
-                    assert f2 is not None and f2.kind == "worker" and may_forward(sub_marker, f2.kind), (land, f2)
+                    assert f2 is not None and f2.kind == "worker" and may_forward(marker, f2.kind), (land, f2)
                     sibling = worker_addresses(list(peers).index(target), workers).index(f2.address)
                     assert owned(procs[(target, sibling)], service), (land, f2)
             at = landing[0]
@@ -274,9 +270,17 @@ def assert_reaches_owner(
             assert forward.kind == "worker", forward
             addresses = worker_addresses(list(peers).index(at[0]), workers)
             assert forward.address in addresses and forward.address != addresses[at[1]], forward
+            marker = hop_marker(marker, "worker", str(at[1]))
             at = (at[0], addresses.index(forward.address))
-            marker = f"worker {at[0]}"
     raise AssertionError(f"forwarding from {me}/{w} for {service} did not reach an owner")
+
+
+def test_a_request_forwarded_to_a_sibling_worker_goes_nowhere_else() -> None:
+    """The end of every chain above: whatever the receiving worker's own view, the rule
+    stops a request at the worker it was handed to (no worker-to-worker ping-pong, and
+    no peer hop after a worker hop)."""
+    for marker in ("worker 0", hop_marker(hop_marker(None, "peer", "a"), "worker", "1")):
+        assert not may_forward(marker, "worker") and not may_forward(marker, "peer"), marker
 
 
 @pytest.mark.parametrize("n_peers", [2, 3, 4])
@@ -335,7 +339,7 @@ def test_applying_a_new_peer_list_keeps_trackers_and_in_flight_requests() -> Non
     owner = next(me for me in three if owned(topology(me, three, services), "api"))
     t = topology(owner, three, services)
     throttler = t.services["api"]
-    grant = throttler.acquire(0.0, lambda: None)
+    grant = throttler.acquire(0.0)
     assert isinstance(grant, Grant)
     # The operator hands the pod to another activator: an edit where the owner's slot
     # moves (the owner stays a peer, a new peer list changes who owns the pod).
@@ -346,17 +350,18 @@ def test_applying_a_new_peer_list_keeps_trackers_and_in_flight_requests() -> Non
             break
     else:  # pragma: no cover - the hash would have to favour the owner five times over
         pytest.skip("no peer list found that moves the slot")
-    t.apply(make_config(owner, new_peers, services), 1.0)
+    # No pod changes state and nobody waits: a slot moving away is no effect.
+    assert not t.apply(make_config(owner, new_peers, services), 1.0)
     assert t.services["api"] is throttler
     tracker = throttler.trackers[pods_of(1)[0]]
     assert tracker.slots == 0 and tracker.in_flight == 1
     assert throttler.capacity == 0
-    assert t.forward_target("api") is not None and t.forward_target("api").kind == "peer"
-    waiter = throttler.acquire(1.0, lambda: None)
+    forward = t.forward_target("api")
+    assert forward is not None and forward.kind == "peer"
+    waiter = throttler.acquire(1.0)
     assert isinstance(waiter, Waiter), "a moved-away slot was granted again"
-    assert isinstance(waiter, Waiter)
-    throttler.abandon(waiter)
-    throttler.release(grant, 2.0)
+    assert throttler.abandon(waiter) is None
+    assert not throttler.release(grant, 2.0), "the freed slot was handed to someone here"
     assert tracker.in_flight == 0 and throttler.in_flight == 0
     t.check_invariants()
 
@@ -371,14 +376,23 @@ def test_forward_targets_follow_a_reload() -> None:
     assert t.forward_target("api") == Forward(str(peer_address(three.index(owner))), "peer")
     # The owner leaves the file: someone among the two left owns the pod now.
     two = [p for p in three if p != owner]
+    remaining_peers = {p: peer_address(three.index(p)) for p in two}
     config = Config(
         path="test.yaml",
-        activators=ActivatorsConfig(other, {p: peer_address(three.index(p)) for p in two}),
+        activators=ActivatorsConfig(other, remaining_peers),
         services=make_config(other, two, services).services,
     )
     t.apply(config, 1.0)
-    after = {me: owned(Topology(Config(path="t", activators=ActivatorsConfig(me, config.activators.peers),
-                                       services=config.services), 0.0), "api") for me in two}
+    after = {
+        me: owned(
+            Topology(
+                Config(path="t", activators=ActivatorsConfig(me, remaining_peers), services=config.services),
+                0.0,
+            ),
+            "api",
+        )
+        for me in two
+    }
     assert sum(sum(s.values()) for s in after.values()) == 1
     if after[other]:
         assert t.forward_target("api") is None

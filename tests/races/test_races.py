@@ -2,45 +2,56 @@
 topology changes by ``gevent.sleep(0)`` / ``gevent.idle()`` steps only.
 
 Ordering never depends on the wall clock; a wall-clock timeout only bounds a test so
-that a bug shows as a failure, not a hang. The fake work records how many requests
-each pod runs at once, as a real backend would, and every test ends with every count
-back to zero and ``check_invariants()`` holding.
+that a bug shows as a failure, not a hang (and a queue timeout, where timing out is the
+behaviour under test). The fake work records how many requests each pod runs at once,
+as a real backend would, and every test ends with every count back to zero and
+``check_invariants()`` holding.
+
+The core hands its effects out; as in the proxy and the writer, every core call here
+passes them to the shell's ``Actor``, which wakes the waiters (each one's ``token``) and
+reports the transitions to its observer. A waiter is woken by nothing else.
 """
 
+from __future__ import annotations
+
 import random
+import socket
 import time
 from collections import Counter
+from collections.abc import Callable, Iterator
 from dataclasses import replace
-from typing import Any, Callable
+from typing import Any
 
 import gevent
 import pytest
+from builders import Move, moves, pod, svc
 from gevent.event import Event
 
-import socket
-
 from activator import gate, hangup
-from builders import pod, svc
-
-from activator.core.config import Config, ProbeConfig
+from activator.core.config import Config, ProbeConfig, diff_configs
 from activator.core.errors import ClientGone, QueueFull, QueueTimeout
-from activator.core.states import PodState
-from activator.core.throttler import Grant, ServiceThrottler
+from activator.core.events import ConfigChanged, ProbeReport
+from activator.core.probes import Verdict
+from activator.core.states import PodEvent, PodState
+from activator.core.throttler import Effects, Grant, ServiceThrottler, Transition, Waiter
 from activator.core.topology import Topology
+from activator.writer import Actor, TopologyWriter
 
 A, B, C = "10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"
+P, H, D, R = PodState.PENDING, PodState.HEALTHY, PodState.DRAINING, PodState.REMOVED
 BOUND = 10.0  # seconds: only to turn a hang into a failure
+EXPIRING = 0.05  # seconds: a queue timeout that is meant to expire (nothing else waits on it)
 
 
 def now() -> float:
     return time.monotonic()
 
 
-LIVE: list["Request"] = []  # this test's requests, to surface their errors early
+LIVE: list[Request] = []  # this test's requests, to surface their errors early
 
 
 @pytest.fixture(autouse=True)
-def _fresh_requests() -> Any:
+def _fresh_requests() -> Iterator[None]:
     LIVE.clear()
     yield
     for r in LIVE:
@@ -56,6 +67,82 @@ def settle(rounds: int = 3) -> None:
     for r in LIVE:
         if r.greenlet.dead and r.greenlet.exception is not None:
             raise r.greenlet.exception
+
+
+class Recorder:
+    """The actor's observer: every transition the shell was told of, in order."""
+
+    def __init__(self) -> None:
+        self.transitions: list[Transition] = []
+
+    def transition(self, transition: Transition) -> None:
+        self.transitions.append(transition)
+
+    @property
+    def moves(self) -> list[Move]:
+        return moves(Effects(transitions=self.transitions))
+
+
+class Shell:
+    """One service's throttler with the shell's actor, used as the proxy uses them:
+    every call's effects go to ``act`` (and the construction's too)."""
+
+    def __init__(self, throttler: ServiceThrottler, actor: Actor | None = None) -> None:
+        self.throttler = throttler
+        self.recorder = Recorder()
+        self.actor = actor or Actor(self.recorder)
+        self.act(throttler.initial_effects)
+
+    def act(self, effects: Effects) -> Effects:
+        self.actor.act(effects)
+        return effects
+
+    def release(self, grant: Grant) -> Effects:
+        return self.act(self.throttler.release(grant, now()))
+
+    def apply(self, config: Any) -> Effects:
+        return self.act(self.throttler.apply(config, now()))
+
+    def held(self) -> Grant:
+        """A slot taken at once, outside any request greenlet."""
+        grant = self.throttler.acquire(now())
+        assert isinstance(grant, Grant)
+        return grant
+
+    def queued(self) -> Waiter:
+        """A place in the queue taken outside the gate, with the token the gate gives it."""
+        waiter = self.throttler.acquire(now())
+        assert isinstance(waiter, Waiter)
+        waiter.token = Event()
+        return waiter
+
+
+def service(config: Any) -> Shell:
+    return Shell(ServiceThrottler(config, now()))
+
+
+def admitted(address: str) -> Move:
+    return (address, P, H, PodEvent.PROBE_PASSED)
+
+
+class SocketClient:
+    """A client as the gate sees it (``gate.Client``), on one socket: its hang-up heard
+    through the process's ``HangupMonitor``, as ``http1.H1Exchange`` does it."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+
+    def watch_gone(self, on_gone: Callable[[], None]) -> bool:
+        fd = self.sock.fileno()
+        return fd >= 0 and hangup.monitor().watch(fd, on_gone)
+
+    def unwatch_gone(self, on_gone: Callable[[], None]) -> None:
+        fd = self.sock.fileno()
+        if fd >= 0:
+            hangup.monitor().unwatch(fd, on_gone)
+
+    def client_gone(self) -> bool:
+        return hangup.hung_up(self.sock)
 
 
 class Pods:
@@ -81,7 +168,7 @@ class Request:
 
     def __init__(
         self,
-        throttler: ServiceThrottler,
+        shell: Shell,
         pods: Pods,
         rid: int,
         *,
@@ -89,10 +176,10 @@ class Request:
         steps: int = 0,
         timeout: float = BOUND,
         on_start: Callable[[Grant], None] | None = None,
-        client_socket: Any = None,
+        client_socket: socket.socket | None = None,
     ) -> None:
-        self.client_socket = client_socket
-        self.throttler = throttler
+        self.client = SocketClient(client_socket) if client_socket is not None else None
+        self.shell = shell
         self.pods = pods
         self.rid = rid
         self.hold = hold
@@ -106,14 +193,15 @@ class Request:
 
     def run(self) -> None:
         self.outcome = "waiting"
+        shell = self.shell
         try:
-            grant = gate.acquire(self.throttler, self.timeout, self.client_socket)
+            grant = gate.acquire(shell.throttler, self.timeout, self.client, shell.actor.act)
         except (QueueFull, QueueTimeout, ClientGone) as e:
             self.outcome = type(e).__name__
             return
-        if grant.queued and self.client_socket is not None and hangup.hung_up(self.client_socket):
+        if grant.queued and self.client is not None and self.client.client_gone():
             # As the proxy does before sending a request that waited.
-            self.throttler.release(grant, now())
+            shell.release(grant)
             self.outcome = "ClientGone"
             return
         self.grant = grant
@@ -129,7 +217,7 @@ class Request:
                 gevent.sleep(0)
         finally:
             self.pods.stop(address)
-            self.throttler.release(grant, now())
+            shell.release(grant)
             self.outcome = "done"
 
 
@@ -149,11 +237,31 @@ def assert_all_zero(throttler: ServiceThrottler) -> None:
     assert all(t.in_flight == 0 for t in throttler.trackers.values())
 
 
+# -- waking goes through the actor only --------------------------------------------
+
+
+def test_a_waiter_handed_a_slot_sleeps_until_the_effects_are_acted_on() -> None:
+    s = service(svc(A, cc=1))
+    pods = Pods()
+    held = s.held()
+    waiter = Request(s, pods, 1)
+    settle()
+    effects = s.throttler.release(held, now())  # not acted on (yet)
+    assert len(effects.woken) == 1 and effects.woken[0].grant is not None
+    settle()
+    assert waiter.outcome == "waiting", "a waiter woke without the shell acting on the effects"
+    s.act(effects)
+    finish([waiter])
+    assert waiter.outcome == "done" and pods.served == [(A, 1)]
+    assert_all_zero(s.throttler)
+
+
 # -- drain while requests are in flight -----------------------------------------
 
 
 def test_drain_while_requests_in_flight() -> None:
-    t = ServiceThrottler(svc(A, B, cc=1), now())
+    s = service(svc(A, B, cc=1))
+    t = s.throttler
     pods = Pods()
     holds = [Event() for _ in range(4)]
     drained = False
@@ -163,17 +271,17 @@ def test_drain_while_requests_in_flight() -> None:
         if drained and grant.pod.address == A:
             after_drain_on_a.append(1)
 
-    reqs = [Request(t, pods, i, hold=holds[i], on_start=watch) for i in range(4)]
+    reqs = [Request(s, pods, i, hold=holds[i], on_start=watch) for i in range(4)]
     settle()
     assert sorted(r.grant.pod.address for r in reqs[:2] if r.grant) == [A, B]
     assert t.queued == 2
 
-    t.apply(svc(pod(A, drain=True), B, cc=1), now())
+    assert not s.apply(svc(pod(A, drain=True), B, cc=1)).woken
     drained = True
-    assert t.trackers[A].state is PodState.DRAINING
+    assert t.trackers[A].state is D
     holds[0].set()  # A's request finishes: A is removed, its slot goes to nobody
     settle()
-    assert t.trackers[A].state is PodState.REMOVED
+    assert t.trackers[A].state is R
     assert t.queued == 2
     holds[1].set()  # B frees: the oldest waiter gets B
     settle()
@@ -184,6 +292,13 @@ def test_drain_while_requests_in_flight() -> None:
     assert after_drain_on_a == []
     assert pods.peak[A] == 1 and pods.peak[B] == 1
     assert [rid for _, rid in pods.served] == [0, 1, 2, 3]  # FIFO
+    # Each change reached the shell once: from the writer's apply and from the release.
+    assert s.recorder.moves == [
+        admitted(A),
+        admitted(B),
+        (A, H, D, PodEvent.DRAIN_SET),
+        (A, D, R, PodEvent.LAST_RELEASED),
+    ]
     assert_all_zero(t)
 
 
@@ -191,17 +306,18 @@ def test_drain_while_requests_in_flight() -> None:
 
 
 def test_SEED_BUG_unlist_and_relist_busy_pod_never_exceeds_cc() -> None:
-    t = ServiceThrottler(svc(A, cc=1), now())
+    s = service(svc(A, cc=1))
+    t = s.throttler
     pods = Pods()
     hold = Event()
-    first = Request(t, pods, 0, hold=hold)
+    first = Request(s, pods, 0, hold=hold)
     settle()
     assert first.outcome == "running"
 
-    t.apply(svc(cc=1), now())  # unlisted while busy
+    s.apply(svc(cc=1))  # unlisted while busy
     settle()
-    t.apply(svc(A, cc=1), now())  # listed again
-    second = Request(t, pods, 1, steps=3)
+    s.apply(svc(A, cc=1))  # listed again
+    second = Request(s, pods, 1, steps=3)
     settle()
     assert second.outcome == "waiting", "the re-listed busy pod was sent a second request"
     assert t.trackers[A].in_flight == 1
@@ -209,20 +325,39 @@ def test_SEED_BUG_unlist_and_relist_busy_pod_never_exceeds_cc() -> None:
     hold.set()
     finish([first, second])
     assert pods.peak[A] == 1
+    assert s.recorder.moves == [
+        admitted(A),
+        (A, H, D, PodEvent.UNLISTED),
+        (A, D, P, PodEvent.LISTED),
+        admitted(A),
+    ]
     assert_all_zero(t)
 
 
 @pytest.mark.parametrize("seed", range(5))
 def test_listing_flaps_under_load_never_exceed_cc(seed: int) -> None:
-    """Many requests doing sleep(0) steps while one writer flaps listing, drain and probes."""
+    """Many requests doing sleep(0) steps while the one writer flaps listing, drain and
+    probes, each change posted as the topology event the shell makes of it."""
     rng = random.Random(seed)
     cc = 2
     probe = ProbeConfig(healthy_after=1, unhealthy_after=1)
     base = Config(path="races.yaml", services={"api": svc(A, B, C, cc=cc, probe=probe, queue_depth=1000)})
     topo = Topology(base, now(), rng=random.Random(seed))
+    recorder = Recorder()
+    actor = Actor(recorder)
+    actor.act(topo.initial_effects)
+    writer = TopologyWriter(topo, actor)  # its steps are applied here, not by its greenlet
     t = topo.route("api.example.com")
-    for address in (A, B, C):
-        t.probe_result(address, True, now())
+    s = Shell(t, actor)
+
+    def reconfigure(config: Config) -> None:
+        writer.apply(ConfigChanged(config, diff_configs(topo.config, config)))
+
+    def probe_all(addresses: list[str], verdict: Callable[[], Verdict]) -> None:
+        for address in addresses:
+            writer.apply(ProbeReport("api", address, verdict()))
+
+    probe_all([A, B, C], lambda: Verdict.PASS)
     pods = Pods()
     over: list[str] = []
 
@@ -237,26 +372,24 @@ def test_listing_flaps_under_load_never_exceed_cc(seed: int) -> None:
 
     def clients() -> None:
         for i in range(120):
-            reqs.append(Request(t, pods, i, steps=rng.randint(0, 6), on_start=check))
+            reqs.append(Request(s, pods, i, steps=rng.randint(0, 6), on_start=check))
             for _ in range(rng.randint(0, 2)):
                 gevent.sleep(0)
 
-    def writer() -> None:
+    def flapping() -> None:
         for _ in range(60):
             listed = [a for a in (A, B, C) if rng.random() < 0.7]
             pods_cfg = [pod(a, drain=rng.random() < 0.2) for a in listed]
-            topo.apply(replace(base, services={"api": svc(*pods_cfg, cc=cc, probe=probe, queue_depth=1000)}), now())
-            for address in listed:
-                t.probe_result(address, rng.random() < 0.8, now())
+            reconfigure(replace(base, services={"api": svc(*pods_cfg, cc=cc, probe=probe, queue_depth=1000)}))
+            probe_all(listed, lambda: Verdict.PASS if rng.random() < 0.8 else Verdict.FAIL)
             topo.check_invariants()
             for _ in range(rng.randint(0, 3)):
                 gevent.sleep(0)
         # Back to everything listed and healthy, so that every request can finish.
-        topo.apply(base, now())
-        for address in (A, B, C):
-            t.probe_result(address, True, now())
+        reconfigure(base)
+        probe_all([A, B, C], lambda: Verdict.PASS)
 
-    producers = [gevent.spawn(clients), gevent.spawn(writer)]
+    producers = [gevent.spawn(clients), gevent.spawn(flapping)]
     gevent.joinall(producers, timeout=BOUND, raise_error=True)
     finish(reqs)
     assert over == []
@@ -264,23 +397,31 @@ def test_listing_flaps_under_load_never_exceed_cc(seed: int) -> None:
     assert all(r.outcome == "done" for r in reqs)
     assert_all_zero(t)
     assert topo.route("api.example.com") is t
+    # The shell heard of every change, in order: replaying them gives each pod's state now.
+    last: dict[str, PodState] = {}
+    for address, old, new, _ in recorder.moves:
+        was = last.get(address, P)
+        # A removed pod unlisted while idle is forgotten; listed again, it starts pending.
+        assert old is was or (was is R and old is P), f"{address}: a change from {old} reported while it was {was}"
+        last[address] = new
+    assert {a: tr.state for a, tr in t.trackers.items()} == {a: last.get(a, P) for a in t.trackers}
 
 
 # -- shrink capacity below in-flight ------------------------------------------------
 
 
 def test_shrink_capacity_below_in_flight() -> None:
-    t = ServiceThrottler(svc(A, cc=3), now())
+    s = service(svc(A, cc=3))
     pods = Pods()
     holds = [Event() for _ in range(5)]
-    reqs = [Request(t, pods, i, hold=holds[i]) for i in range(3)]
+    reqs = [Request(s, pods, i, hold=holds[i]) for i in range(3)]
     settle()
     assert pods.running[A] == 3
 
-    t.apply(svc(A, cc=1), now())
-    reqs += [Request(t, pods, i, hold=holds[i]) for i in (3, 4)]
+    assert not s.apply(svc(A, cc=1))
+    reqs += [Request(s, pods, i, hold=holds[i]) for i in (3, 4)]
     settle()
-    assert t.queued == 2
+    assert s.throttler.queued == 2
     for i in (0, 1, 2):  # 3 -> 2 -> 1 -> 0 in flight: only at 0 does one more start
         assert [r.outcome for r in reqs[3:]] == ["waiting", "waiting"]
         holds[i].set()
@@ -292,43 +433,44 @@ def test_shrink_capacity_below_in_flight() -> None:
     assert reqs[4].outcome == "running" and pods.running[A] == 1
     holds[4].set()
     finish(reqs)
-    assert_all_zero(t)
+    assert_all_zero(s.throttler)
 
 
 # -- a queued waiter's greenlet killed (the client went away) ---------------------
 
 
 def test_killed_waiter_leaves_the_queue() -> None:
-    t = ServiceThrottler(svc(A, cc=1), now())
+    s = service(svc(A, cc=1))
     pods = Pods()
     hold = Event()
-    holder = Request(t, pods, 0, hold=hold)
-    waiter = Request(t, pods, 1)
+    holder = Request(s, pods, 0, hold=hold)
+    waiter = Request(s, pods, 1)
     settle()
-    assert t.queued == 1
+    assert s.throttler.queued == 1
     gevent.kill(waiter.greenlet)  # asynchronous, as when the client goes away
     waiter.greenlet.join(timeout=BOUND)
-    assert waiter.greenlet.dead and t.queued == 0
-    t.check_invariants()
+    assert waiter.greenlet.dead and s.throttler.queued == 0
+    s.throttler.check_invariants()
     hold.set()
     finish([holder])
     assert pods.served == [(A, 0)]
-    assert_all_zero(t)
+    assert_all_zero(s.throttler)
 
 
 def test_killed_waiter_releases_a_grant_that_arrived_in_the_same_tick() -> None:
     """The kill is already on its way when the slot is handed over: the greenlet wakes
     with GreenletExit inside the wait while holding a grant, and must give it back."""
-    t = ServiceThrottler(svc(A, cc=1), now())
+    s = service(svc(A, cc=1))
+    t = s.throttler
     pods = Pods()
-    held = t.acquire(now(), lambda: None)
-    assert isinstance(held, Grant)
-    waiter = Request(t, pods, 1)
+    held = s.held()
+    waiter = Request(s, pods, 1)
     settle()
     assert waiter.outcome == "waiting" and t.queued == 1
 
     gevent.kill(waiter.greenlet)  # asynchronous: the GreenletExit is scheduled first...
-    t.release(held, now())  # ...then, in the same tick, the slot is handed to it
+    effects = s.release(held)  # ...then, in the same tick, the slot is handed to it
+    assert len(effects.woken) == 1 and effects.woken[0].grant is not None
     assert t.queued == 0 and t.in_flight == 1 and t.trackers[A].in_flight == 1
 
     waiter.greenlet.join(timeout=BOUND)
@@ -338,21 +480,19 @@ def test_killed_waiter_releases_a_grant_that_arrived_in_the_same_tick() -> None:
     assert waiter.grant is None and pods.served == []  # never ran
     assert_all_zero(t)
     # The slot really is free again.
-    again = t.acquire(now(), lambda: None)
-    assert isinstance(again, Grant)
-    t.release(again, now())
+    s.release(s.held())
 
 
 def test_killed_running_request_releases_exactly_once() -> None:
-    t = ServiceThrottler(svc(A, cc=1), now())
+    s = service(svc(A, cc=1))
     pods = Pods()
-    running = Request(t, pods, 0, hold=Event())
-    queued = Request(t, pods, 1, steps=2)
+    running = Request(s, pods, 0, hold=Event())
+    queued = Request(s, pods, 1, steps=2)
     settle()
     gevent.kill(running.greenlet)  # client gone mid-response
     finish([queued])
     assert pods.served == [(A, 0), (A, 1)]
-    assert_all_zero(t)
+    assert_all_zero(s.throttler)
 
 
 # -- the client hangs up while queued ---------------------------------------------
@@ -370,20 +510,20 @@ def until(condition: Callable[[], bool]) -> None:
 def test_client_gone_while_queued_leaves_the_queue() -> None:
     ours, theirs = socket.socketpair()
     try:
-        t = ServiceThrottler(svc(A, cc=1), now())
+        s = service(svc(A, cc=1))
         pods = Pods()
         hold = Event()
-        holder = Request(t, pods, 0, hold=hold)
-        waiter = Request(t, pods, 1, client_socket=ours)
+        holder = Request(s, pods, 0, hold=hold)
+        waiter = Request(s, pods, 1, client_socket=ours)
         settle()
-        assert t.queued == 1 and hangup.monitor().watching == 1
+        assert s.throttler.queued == 1 and hangup.monitor().watching == 1
         theirs.shutdown(socket.SHUT_WR)  # the client's FIN, nothing else
         until(lambda: waiter.outcome == "ClientGone")
-        assert t.queued == 0 and hangup.monitor().watching == 0
+        assert s.throttler.queued == 0 and hangup.monitor().watching == 0
         hold.set()
         finish([holder, waiter])
         assert pods.served == [(A, 0)]
-        assert_all_zero(t)
+        assert_all_zero(s.throttler)
     finally:
         ours.close()
         theirs.close()
@@ -392,18 +532,17 @@ def test_client_gone_while_queued_leaves_the_queue() -> None:
 def test_client_gone_in_the_same_tick_as_its_grant_releases_it() -> None:
     ours, theirs = socket.socketpair()
     try:
-        t = ServiceThrottler(svc(A, cc=1), now())
+        s = service(svc(A, cc=1))
         pods = Pods()
-        held = t.acquire(now(), lambda: None)
-        assert isinstance(held, Grant)
-        waiter = Request(t, pods, 1, client_socket=ours)
+        held = s.held()
+        waiter = Request(s, pods, 1, client_socket=ours)
         settle()
         theirs.close()  # the client hangs up...
-        t.release(held, now())  # ...and its slot arrives, before the hub noticed the hang-up
-        assert t.in_flight == 1 and t.queued == 0
+        s.release(held)  # ...and its slot arrives, before the hub noticed the hang-up
+        assert s.throttler.in_flight == 1 and s.throttler.queued == 0
         finish([waiter])
         assert waiter.outcome == "ClientGone" and pods.served == []  # never sent to the pod
-        assert_all_zero(t)
+        assert_all_zero(s.throttler)
     finally:
         ours.close()
 
@@ -412,17 +551,16 @@ def test_client_gone_with_unread_bytes_is_seen() -> None:
     """A pipelined request (or a body) waiting unread does not hide the hang-up."""
     ours, theirs = socket.socketpair()
     try:
-        t = ServiceThrottler(svc(A, cc=1), now())
+        s = service(svc(A, cc=1))
         pods = Pods()
-        held = t.acquire(now(), lambda: None)
-        assert isinstance(held, Grant)
-        waiter = Request(t, pods, 1, client_socket=ours)
+        held = s.held()
+        waiter = Request(s, pods, 1, client_socket=ours)
         settle()
         theirs.sendall(b"GET /next HTTP/1.1\r\n\r\n")
         theirs.shutdown(socket.SHUT_WR)
         until(lambda: waiter.outcome == "ClientGone")
-        t.release(held, now())
-        assert_all_zero(t)
+        assert not s.release(held)  # nobody is left waiting for it
+        assert_all_zero(s.throttler)
     finally:
         ours.close()
         theirs.close()
@@ -431,18 +569,17 @@ def test_client_gone_with_unread_bytes_is_seen() -> None:
 def test_client_hangs_up_on_a_real_socket() -> None:
     ours, theirs = socket.socketpair()
     try:
-        t = ServiceThrottler(svc(A, cc=1), now())
+        s = service(svc(A, cc=1))
         pods = Pods()
-        held = t.acquire(now(), lambda: None)
-        assert isinstance(held, Grant)
-        waiter = Request(t, pods, 1, client_socket=ours)
+        held = s.held()
+        waiter = Request(s, pods, 1, client_socket=ours)
         settle()
-        assert t.queued == 1
+        assert s.throttler.queued == 1
         theirs.close()
         waiter.greenlet.join(timeout=BOUND)
-        assert waiter.outcome == "ClientGone" and t.queued == 0
-        t.release(held, now())
-        assert_all_zero(t)
+        assert waiter.outcome == "ClientGone" and s.throttler.queued == 0
+        s.release(held)
+        assert_all_zero(s.throttler)
     finally:
         ours.close()
         theirs.close()
@@ -452,110 +589,113 @@ def test_client_hangs_up_on_a_real_socket() -> None:
 
 
 def test_queue_timeout_raises_and_leaves_the_queue() -> None:
-    t = ServiceThrottler(svc(A, cc=1), now())
-    held = t.acquire(now(), lambda: None)
-    assert isinstance(held, Grant)
+    s = service(svc(A, cc=1))
+    held = s.held()
     with pytest.raises(QueueTimeout):
-        gate.acquire(t, 0.05)
-    assert t.queued == 0
-    t.release(held, now())
-    assert_all_zero(t)
+        gate.acquire(s.throttler, EXPIRING, None, s.actor.act)
+    assert s.throttler.queued == 0
+    assert not s.release(held)
+    assert_all_zero(s.throttler)
 
 
 def test_queue_full_through_the_gate() -> None:
-    t = ServiceThrottler(svc(A, cc=1, queue_depth=0), now())
-    held = gate.acquire(t, BOUND)
+    s = service(svc(A, cc=1, queue_depth=0))
+    held = gate.acquire(s.throttler, BOUND, None, s.actor.act)
     with pytest.raises(QueueFull):
-        gate.acquire(t, BOUND)
-    t.release(held, now())
-    assert_all_zero(t)
+        gate.acquire(s.throttler, BOUND, None, s.actor.act)
+    s.release(held)
+    assert_all_zero(s.throttler)
 
 
 def test_one_of_two_times_out_the_other_is_served() -> None:
     # Knative TestThrottlerErrorOneTimesOut: cc=1, one pod, two requests.
-    t = ServiceThrottler(svc(A, cc=1), now())
+    s = service(svc(A, cc=1))
     pods = Pods()
     hold = Event()
-    first = Request(t, pods, 0, hold=hold)
-    second = Request(t, pods, 1, timeout=0.05)
+    first = Request(s, pods, 0, hold=hold)
+    second = Request(s, pods, 1, timeout=EXPIRING)
     second.greenlet.join(timeout=BOUND)
     assert second.outcome == "QueueTimeout"
     hold.set()
     finish([first, second])
-    assert_all_zero(t)
+    assert_all_zero(s.throttler)
 
 
 # -- retry after a connect failure ---------------------------------------------------
 
 
 def test_acquire_retry_releases_the_failed_grant() -> None:
-    t = ServiceThrottler(svc(A, B, cc=1), now())
-    failed = gate.acquire(t, BOUND)
+    s = service(svc(A, B, cc=1))
+    failed = gate.acquire(s.throttler, BOUND, None, s.actor.act)
     assert failed.pod.address == A
-    retry = gate.acquire_retry(t, failed, BOUND)
+    retry = gate.acquire_retry(s.throttler, failed, BOUND, None, s.actor.act)
     assert retry.pod.address == B
-    assert failed.released and t.trackers[A].in_flight == 0
-    t.release(retry, now())
-    assert_all_zero(t)
+    assert failed.released and s.throttler.trackers[A].in_flight == 0
+    s.release(retry)
+    assert_all_zero(s.throttler)
 
 
 def test_acquire_retry_waits_at_the_head_and_releases_the_failed_grant() -> None:
-    t = ServiceThrottler(svc(A, cc=1), now())
+    s = service(svc(A, cc=1))
     pods = Pods()
-    failed = gate.acquire(t, BOUND)
-    older = Request(t, pods, 1)  # already waiting
+    failed = gate.acquire(s.throttler, BOUND, None, s.actor.act)
+    older = Request(s, pods, 1)  # already waiting
     settle()
-    retry = gate.acquire_retry(t, failed, BOUND)  # no other pod: waits at the head
-    assert failed.released and retry.pod.address == A
+    # No other pod: it waits at the head, and the failed grant's slot comes back to it.
+    retry = gate.acquire_retry(s.throttler, failed, BOUND, None, s.actor.act)
+    assert failed.released and retry.pod.address == A and retry.queued
     assert older.outcome == "waiting"
-    t.release(retry, now())
+    s.release(retry)
     finish([older])
-    assert_all_zero(t)
+    assert_all_zero(s.throttler)
 
 
 def test_acquire_retry_timeout_still_releases_the_failed_grant() -> None:
     # The failed pod was unlisted meanwhile and the other is busy: the retry waits,
     # times out, and the failed grant is released all the same.
-    t = ServiceThrottler(svc(A, B, cc=1), now())
-    failed = gate.acquire(t, BOUND)
-    other = gate.acquire(t, BOUND)
+    s = service(svc(A, B, cc=1))
+    failed = gate.acquire(s.throttler, BOUND, None, s.actor.act)
+    other = gate.acquire(s.throttler, BOUND, None, s.actor.act)
     assert failed.pod.address == A
-    t.apply(svc(B, cc=1), now())
+    s.apply(svc(B, cc=1))
     with pytest.raises(QueueTimeout):
-        gate.acquire_retry(t, failed, 0.05)
-    assert failed.released and A not in t.trackers
-    assert t.queued == 0
-    t.release(other, now())
-    assert_all_zero(t)
+        gate.acquire_retry(s.throttler, failed, EXPIRING, None, s.actor.act)
+    assert failed.released and A not in s.throttler.trackers
+    assert s.throttler.queued == 0
+    # The failed pod's leaving reached the shell through the retry's effects.
+    assert s.recorder.moves[-2:] == [(A, H, D, PodEvent.UNLISTED), (A, D, R, PodEvent.LAST_RELEASED)]
+    s.release(other)
+    assert_all_zero(s.throttler)
 
 
 def test_killed_retry_hands_its_slot_to_the_next_waiter() -> None:
-    t = ServiceThrottler(svc(A, B, cc=1), now())
-    failed = gate.acquire(t, BOUND)
-    other = gate.acquire(t, BOUND)
-    third = t.acquire(now(), lambda: None)  # both pods busy: it waits
-    assert not isinstance(third, Grant)
+    s = service(svc(A, B, cc=1))
+    failed = gate.acquire(s.throttler, BOUND, None, s.actor.act)
+    other = gate.acquire(s.throttler, BOUND, None, s.actor.act)
+    third = s.queued()  # both pods busy: it waits
 
-    result: list[Any] = []
+    result: list[Grant] = []
 
     def retrying() -> None:
         # A's freed slot goes to the retry at the head, so it is granted at once:
         # hold it until killed.
-        grant = gate.acquire_retry(t, failed, BOUND)
+        grant = gate.acquire_retry(s.throttler, failed, BOUND, None, s.actor.act)
         result.append(grant)
         try:
-            gevent.sleep(BOUND)
+            Event().wait()
         finally:
-            t.release(grant, now())
+            s.release(grant)
 
     g = gevent.spawn(retrying)
     settle()
     assert failed.released and len(result) == 1
+    assert not third.token.is_set()
     gevent.kill(g)
     settle()
-    # The retry's slot went on to the older waiter.
-    grant = t.abandon(third)
+    # The retry's slot went on to the older waiter, and the actor woke it.
+    assert third.token.is_set()
+    grant = s.throttler.abandon(third)
     assert grant is not None
-    t.release(grant, now())
-    t.release(other, now())
-    assert_all_zero(t)
+    s.release(grant)
+    s.release(other)
+    assert_all_zero(s.throttler)
