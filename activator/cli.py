@@ -2,7 +2,9 @@
 
 Exit codes (SPEC.md): 0 clean exit, 1 runtime failure, 2 bad configuration or usage.
 The config path is ``-c``, else ``$ACTIVATOR_CONFIG``, else
-``/etc/activator/activator.yaml``.
+``/etc/activator/activator.yaml``. ``activator status --watch`` redraws the table every
+``--interval`` seconds (in place on a terminal: clear and home; plain blocks one after
+the other otherwise) until Ctrl-C or SIGTERM, which end it with exit code 0.
 """
 
 from gevent import monkey
@@ -12,7 +14,9 @@ monkey.patch_all()
 import argparse
 import json
 import os
+import signal
 import sys
+import time
 import urllib.error
 import urllib.request
 from typing import Any
@@ -31,20 +35,26 @@ def cmd_run(args: argparse.Namespace) -> int:
     """One activator process; with ``workers: N > 1`` the supervisor of N workers (a
     worker is this same command, started by the supervisor with its sockets)."""
     from .configfile import load_config
-    from .server import run, setup_logging
+    from .logs import fatal, setup_logging
+    from .server import run
     from .workersockets import WorkerSockets
 
     setup_logging()
     try:
         config = load_config(config_path(args.config))
     except ConfigError as error:
-        print(f"activator: {error}", file=sys.stderr)
+        fatal(f"activator: {error}")
         return 2
     worker = WorkerSockets.from_env()
     if worker is None and config.workers > 1:
         from .workers import Supervisor
 
-        return Supervisor(config).run()
+        try:
+            supervisor = Supervisor(config)
+        except OSError as error:  # a port taken: said in one line, as a single process says it
+            fatal(f"activator: cannot listen: {error}")
+            return 1
+        return supervisor.run()
     return run(config, worker)
 
 
@@ -101,8 +111,12 @@ def fetch_status(admin: str) -> dict[str, Any]:
         return status
 
 
+def _seconds(value: float) -> str:
+    return f"{value * 1000:.0f}ms" if value < 1 else f"{value:.1f}s"
+
+
 def format_status(status: dict[str, Any]) -> str:
-    """The terminal table of ``activator status``."""
+    """The terminal table of ``activator status`` (rates: the last ten seconds' average)."""
     lines = []
     config = status["config"]
     lines.append(
@@ -123,13 +137,24 @@ def format_status(status: dict[str, Any]) -> str:
         lines.append(
             f"{name}  cc={service['container_concurrency']} {service['lb_policy']}  capacity={capacity}"
             f"  in_flight={service['in_flight']}  queued={service['queued']}/{service['queue_depth']}"
+            f"  oldest_wait={_seconds(service.get('oldest_wait_seconds', 0.0))}"
         )
-        lines.append(f"  {'POD':<28} {'STATE':<9} {'IN_FLIGHT':>9} {'SLOTS':>5} {'REQUESTS':>9} {'FAILURES':>8}")
+        per_second = service.get("per_second", {})
+        lines.append(
+            f"  rates (last 10s): {service.get('requests_per_second', 0.0):.1f} req/s"
+            f"  5xx {per_second.get('responses', {}).get('5xx', 0.0):.1f}/s"
+            f"  rejected {per_second.get('rejected', 0.0):.1f}/s"
+        )
+        lines.append(
+            f"  {'POD':<28} {'STATE':<9} {'IN_FLIGHT':>9} {'SLOTS':>5} {'REQUESTS':>9} {'REQ/S':>7}"
+            f" {'FAILURES':>8} {'FAIL_TOTAL':>10}"
+        )
         for pod in service["pods"]:
             slots = "inf" if pod["slots"] is None else pod["slots"]
             lines.append(
                 f"  {pod['address']:<28} {pod['state']:<9} {pod['in_flight']:>9} {slots:>5}"
-                f" {pod['requests']:>9} {pod['failures']:>8}"
+                f" {pod['requests']:>9} {pod.get('requests_per_second', 0.0):>7.1f} {pod['failures']:>8}"
+                f" {pod.get('failures_total', 0):>10}"
             )
     return "\n".join(lines)
 
@@ -144,6 +169,8 @@ def cmd_status(args: argparse.Namespace) -> int:
             admin = str(config.admin) if config.admin else "127.0.0.1:9090"
         except ConfigError:
             admin = "127.0.0.1:9090"
+    if args.watch:
+        return watch_status(admin, args.interval, args.json)
     try:
         status = fetch_status(admin)
     except (OSError, urllib.error.URLError, ValueError) as error:
@@ -151,6 +178,49 @@ def cmd_status(args: argparse.Namespace) -> int:
         return 1
     print(json.dumps(status, indent=2) if args.json else format_status(status))
     return 0
+
+
+#: Clear the screen and go home (a terminal's "clear").
+CLEAR = "\x1b[H\x1b[2J"
+
+
+def watch_status(admin: str, interval: float, as_json: bool) -> int:
+    """``status --watch``: the table again every ``interval`` seconds until Ctrl-C (or
+    SIGTERM): exit 0. A status that cannot be read is said in place of the table, and
+    tried again."""
+    import gevent
+    from gevent.event import Event
+
+    stop = Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        gevent.signal_handler(signum, stop.set)
+    out = sys.stdout
+    redraw = out.isatty()
+    try:
+        while not stop.is_set():
+            stamp = time.strftime("%H:%M:%S")
+            try:
+                status = fetch_status(admin)
+                text = json.dumps(status, indent=2) if as_json else format_status(status)
+            except (OSError, urllib.error.URLError, ValueError) as error:
+                text = f"activator: cannot read status from {admin}: {error}"
+            header = f"every {interval:g}s from {admin}, at {stamp} (Ctrl-C to stop)"
+            out.write((CLEAR if redraw else "") + header + "\n" + text + "\n" + ("" if redraw else "\n"))
+            out.flush()
+            stop.wait(interval)
+    except (KeyboardInterrupt, BrokenPipeError):  # Ctrl-C; the reader went away (``| head``)
+        pass
+    return 0
+
+
+def _interval(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not 0.1 <= value <= 3600:
+        raise argparse.ArgumentTypeError(f"must be 0.1..3600 seconds, got {text}")
+    return value
 
 
 def parser() -> argparse.ArgumentParser:
@@ -173,6 +243,10 @@ def parser() -> argparse.ArgumentParser:
     )
     status.add_argument("-c", "--config", help="config file to read the admin address from")
     status.add_argument("--json", action="store_true", help="print the raw /status JSON")
+    status.add_argument("-w", "--watch", action="store_true", help="refresh until Ctrl-C")
+    status.add_argument(
+        "--interval", type=_interval, default=2.0, metavar="S", help="seconds between refreshes (default 2)"
+    )
     status.set_defaults(func=cmd_status)
     return top
 

@@ -11,16 +11,18 @@ This module decides how a file becomes the plain data that ``parse_config`` vali
 - anchors, aliases and merge keys (``<<: *defaults``) work as in PyYAML; explicit keys
   override merged ones, a recursive alias is an error;
 - every failure (unreadable file, YAML syntax, an unknown tag, a bad value) is a
-  ``ConfigError`` carrying the file name as the user gave it and, when known, the line.
+  ``ConfigError`` carrying the file name as the user gave it and, when known, the line;
+- ``activators.secret_file`` is read here (the core sees the secret itself).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import cast
 
 import yaml
 
-from activator.core.config import Config, KeyPath, parse_config, render_key_path
+from activator.core.config import MIN_SECRET_LENGTH, Config, KeyPath, parse_config, render_key_path
 from activator.core.errors import ConfigError
 
 _MAP_TAG = "tag:yaml.org,2002:map"
@@ -43,7 +45,32 @@ def load_config(path: str) -> Config:
     except UnicodeDecodeError as exc:
         line = raw.count(b"\n", 0, exc.start) + 1
         raise ConfigError("the file is not valid UTF-8", filename=path, line=line) from exc
-    return parse_config_text(text, path)
+    return read_secret_file(parse_config_text(text, path))
+
+
+def read_secret_file(config: Config) -> Config:
+    """The config with ``activators.secret`` read from ``secret_file`` (stripped of
+    surrounding whitespace). Raises ConfigError naming the key."""
+    peers = config.activators
+    if peers is None or peers.secret_file is None:
+        return config
+    key = "activators.secret_file"
+    try:
+        with open(peers.secret_file, "rb") as file:
+            secret = file.read().decode("utf-8").strip()
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot read {peers.secret_file}: {exc.strerror or exc}", filename=config.path, key=key
+        ) from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{peers.secret_file} is not UTF-8 text", filename=config.path, key=key) from exc
+    if len(secret) < MIN_SECRET_LENGTH:
+        raise ConfigError(
+            f"{peers.secret_file} must hold a secret of at least {MIN_SECRET_LENGTH} characters",
+            filename=config.path,
+            key=key,
+        )
+    return dataclasses.replace(config, activators=dataclasses.replace(peers, secret=secret))
 
 
 def parse_config_text(text: str, filename: str) -> Config:

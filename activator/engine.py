@@ -39,7 +39,9 @@ from gevent.server import StreamServer
 
 from .core.errors import ActivatorError, ClientGone, InternalError, TooManyConnections
 from .core.http import BodyFraming, own_answer
-from .http1 import H1Connection, H1Exchange, linger
+from .exchange import ClientExchange
+from .http1 import H1Connection, linger
+from .http2 import H2ServerConnection
 
 log = logging.getLogger("activator")
 
@@ -80,6 +82,8 @@ class HttpServer:
         self.connections: dict[H1Connection, gevent.Greenlet] = {}
         #: Connections inside an exchange right now (the others wait for a request).
         self._busy: set[H1Connection] = set()
+        #: The HTTP/2 connections being served (told to stop gracefully on ``stop``).
+        self._h2: set[H2ServerConnection] = set()
         self._server = StreamServer(listener, self._handle)
         host, port = listener.getsockname()[:2]
         #: What every request's environ starts from.
@@ -110,6 +114,8 @@ class HttpServer:
         """Close idle connections now, give the others ``timeout`` seconds, kill the rest."""
         self.stopping = True
         self._server.close()
+        for h2 in list(self._h2):
+            h2.stop()  # GOAWAY: the streams under way finish, no new one starts
         idle = [greenlet for conn, greenlet in self.connections.items() if conn not in self._busy]
         gevent.killall(idle, block=False)
         gevent.joinall(list(self.connections.values()), timeout=timeout)
@@ -158,11 +164,16 @@ class HttpServer:
 
     def _serve_h2(self, conn: H1Connection) -> None:
         """An HTTP/2 connection: its streams are served by ``http2`` (one greenlet each)."""
-        from .http2 import H2ServerConnection
-
         self._busy.add(conn)  # streams come and go; the connection counts as busy
         conn.cut = True  # HTTP/2 ends with GOAWAY, not with a lingering HTTP/1.x close
-        H2ServerConnection(conn.sock, conn.client_ip, self.limits, conn.scheme, self._call_app).serve()
+        h2 = H2ServerConnection(conn.sock, conn.client_ip, self.limits, conn.scheme, self._call_app)
+        self._h2.add(h2)
+        try:
+            if self.stopping:
+                h2.stop()
+            h2.serve()
+        finally:
+            self._h2.discard(h2)
 
     def _serve(self, conn: H1Connection) -> None:
         while True:
@@ -187,7 +198,7 @@ class HttpServer:
                 return
             self._busy.discard(conn)
 
-    def _call_app(self, exchange: H1Exchange) -> None:
+    def _call_app(self, exchange: ClientExchange) -> None:
         environ = self._environ(exchange)
         response = _WsgiResponse(exchange)
         try:
@@ -208,7 +219,7 @@ class HttpServer:
         if not exchange.finished:
             exchange.finish()
 
-    def _environ(self, exchange: H1Exchange) -> dict[str, Any]:
+    def _environ(self, exchange: ClientExchange) -> dict[str, Any]:
         target = exchange.target
         path, _, query = target.partition(b"?")
         if b"%" in path:
@@ -218,7 +229,7 @@ class HttpServer:
         environ["PATH_INFO"] = path.decode("latin-1")
         environ["QUERY_STRING"] = query.decode("latin-1")
         environ["RAW_URI"] = target.decode("latin-1")
-        environ["SERVER_PROTOCOL"] = "HTTP/1.1" if exchange.version == "1.1" else "HTTP/1.0"
+        environ["SERVER_PROTOCOL"] = _SERVER_PROTOCOLS.get(exchange.version, "HTTP/1.0")
         environ["REMOTE_ADDR"] = exchange.client_ip
         environ["wsgi.url_scheme"] = exchange.scheme_bytes.decode("ascii")
         environ["wsgi.input"] = _Input(exchange)
@@ -233,6 +244,8 @@ class HttpServer:
             environ[key] = text if previous is None else f"{previous},{text}"
         return environ
 
+
+_SERVER_PROTOCOLS = {"1.1": "HTTP/1.1", "1.0": "HTTP/1.0", "2": "HTTP/2"}
 
 #: Header name (lower-cased bytes) -> its WSGI environ key; bounded, names are client input.
 _ENVIRON_KEYS: dict[bytes, str] = {b"content-type": "CONTENT_TYPE", b"content-length": "CONTENT_LENGTH"}
@@ -251,7 +264,7 @@ class _Input:
 
     __slots__ = ("_exchange",)
 
-    def __init__(self, exchange: H1Exchange) -> None:
+    def __init__(self, exchange: ClientExchange) -> None:
         self._exchange = exchange
 
     def read(self, size: int = -1) -> bytes:
@@ -271,7 +284,7 @@ class _WsgiResponse:
 
     __slots__ = ("_exchange", "_headers", "_length", "_reason", "_status")
 
-    def __init__(self, exchange: H1Exchange) -> None:
+    def __init__(self, exchange: ClientExchange) -> None:
         self._exchange = exchange
         self._status = 0
         self._reason = b""
@@ -302,7 +315,7 @@ class _WsgiResponse:
         elif self._length is not None:
             framing = BodyFraming.LENGTH
         else:
-            framing = BodyFraming.CHUNKED if exchange.version == "1.1" else BodyFraming.CLOSE
+            framing = BodyFraming.CLOSE if exchange.version == "1.0" else BodyFraming.CHUNKED
         exchange.start(self._status, self._reason, self._headers, framing)
         if framing is BodyFraming.NONE:
             return

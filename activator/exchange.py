@@ -106,6 +106,10 @@ class ClientExchange(Protocol):
     def write(self, data: bytes) -> None:
         """Send a piece of the body. Raises ``ClientGone``."""
 
+    def flush(self) -> None:
+        """Send the head now rather than with the first piece of the body (a stream whose
+        first piece may be late). Raises ``ClientGone``."""
+
     def finish(self, trailers: Sequence[Header] = ()) -> None:
         """End the response, with trailers where the framing can carry them."""
 

@@ -62,6 +62,7 @@ from .core.errors import (
     UnsupportedMethod,
 )
 from .core.http import BodyFraming
+from .sockets import shutdown_keeping_tls
 
 if TYPE_CHECKING:
     from .exchange import ClientExchange
@@ -338,6 +339,13 @@ class H1Exchange:
         self.conn.send(framed)
         self.bytes_sent += len(data)
 
+    def flush(self) -> None:
+        """Send the head now, if it still waits for the first ``write``. Raises ClientGone."""
+        head = self._head
+        if head:
+            self._head = _NO_BYTES
+            self.conn.send(head)
+
     def finish(self, trailers: Sequence[http.Header] = ()) -> None:
         """End the response (the last chunk and the trailers, for chunked; an HTTP/1.x
         response that is not chunked has nowhere to put trailers: they are dropped)."""
@@ -445,10 +453,7 @@ class H1Connection(deadlines.Watched):
     def expire(self) -> None:
         """A deadline passed: interrupt the wait (keeping the write side for a 408)."""
         self.timed_out = True
-        try:
-            self.sock.shutdown(socket.SHUT_RD if self._in_head_wait else socket.SHUT_RDWR)
-        except OSError:
-            pass
+        shutdown_keeping_tls(self.sock, socket.SHUT_RD if self._in_head_wait else socket.SHUT_RDWR)
 
     # -- llhttp callbacks (called from feed_data; they never yield) ------------------------
 
@@ -579,6 +584,8 @@ class H1Connection(deadlines.Watched):
                     return False
                 if len(seen) == len(H2_PREFACE):
                     return True
+                if hangup.hung_up(self.sock):
+                    return False  # a prefix and then the end (a peek cannot tell): HTTP/1.x's to refuse
                 gevent.sleep(PREFACE_POLL_SECONDS)  # a prefix of it: the rest is on its way
         finally:
             self.deadline = 0.0
@@ -770,3 +777,4 @@ if TYPE_CHECKING:  # mypy checks that an HTTP/1.x exchange is a ClientExchange
 
     def _is_a_client_exchange(exchange: H1Exchange) -> ClientExchange:
         return exchange
+

@@ -12,8 +12,7 @@ What this module decides (SPEC.md "StatsD metrics"; ``{p}`` prefix, ``{s}`` serv
   are written as statsd writes them, with six decimals. A client that left before the last byte is
   recorded as 499 ``client-gone`` (``proxy.py``), so it counts as a 4xx response; a
   record with no status (0) counts in no class. Requests that matched no service
-  (``404 unknown-host``) are not counted anywhere, nor those handed to a sibling worker
-  (``relayed``: that worker counts them).
+  (``404 unknown-host``) are not counted anywhere.
 - Every second, from one greenlet (never per request): gauges ``{p}.{s}.queued``,
   ``.in_flight``, ``.tunnels`` (open WebSockets and other upgrades), ``.capacity``,
   ``{p}.{s}.pods.{healthy,pending,draining}`` and
@@ -422,7 +421,7 @@ class StatsdMetrics:
     def request_done(self, record: RequestRecord) -> None:
         """One datagram for one request (none before the sender exists). Does not yield, never raises."""
         sender = self._sender
-        if sender is None or record.service == "-" or record.relayed:
+        if sender is None or record.service == "-":
             return
         try:
             names = self._services.get(record.service) or self._names(record.service)

@@ -3,7 +3,9 @@
 The proxy fills one ``RequestRecord`` per request and hands it to the ``Observer``
 when the request is over; pod state changes and reloads come here too. The
 observer fans out to the access log (one line per request on stdout, HAProxy-like
-fields) and to the metrics sink (StatsD, see ``metrics.py``). Nothing here may
+fields), to the metrics sink (StatsD, see ``metrics.py``) and to the in-process
+history (``history.py``: a few counter increments per request, the pod changes and
+reloads, for the status page, ``/status/history`` and ``/metrics``). Nothing here may
 block or raise into a request.
 """
 
@@ -15,6 +17,7 @@ import time
 from typing import IO, Protocol
 
 from .core.throttler import Transition
+from .history import History
 
 log = logging.getLogger("activator")
 
@@ -36,7 +39,6 @@ class RequestRecord:
         "upstream_start",
         "bytes_in",
         "bytes_out",
-        "relayed",
     )
 
     def __init__(self, start: float, client: str, method: str, target: bytes) -> None:
@@ -53,8 +55,6 @@ class RequestRecord:
         self.upstream_start: float | None = None
         self.bytes_in = 0  # request body bytes (a tunnel: client to pod)
         self.bytes_out = 0  # response body bytes sent (a tunnel: pod to client)
-        # Passed to a sibling worker, which counts it itself (metrics skip it here).
-        self.relayed = False
 
     def access_line(self, wall_clock: float) -> str:
         """HAProxy-like: time client service pod status reason Tw Tr Tt bytes in "request"."""
@@ -103,7 +103,7 @@ class NoMetrics:
 
 
 class Observer:
-    """Access log + metrics + pod-change log. Swappable parts, set by the server."""
+    """Access log + metrics + history + pod-change log. Swappable parts, set by the server."""
 
     def __init__(
         self, access_log: bool = True, metrics: MetricsSink | None = None, stream: IO[str] | None = None
@@ -112,11 +112,17 @@ class Observer:
         self.metrics: MetricsSink = metrics or NoMetrics()
         self._stream = stream or sys.stdout
         self._offset = time.time() - time.monotonic()
+        self.history = History()
+        self._history_failed = False
 
     def request_started(self, service: str) -> None:
         self.metrics.request_started(service)
 
     def request_done(self, record: RequestRecord) -> None:
+        try:
+            self.history.request_done(record)
+        except Exception:  # a bug: never into a request; said once
+            self._history_bug()
         self.metrics.request_done(record)
         if self.access_log:
             try:
@@ -135,6 +141,16 @@ class Observer:
             transition.reason,
         )
         self.metrics.transition(transition)
+        try:
+            self.history.transition(transition, time.time())
+        except Exception:
+            self._history_bug()
 
     def reload(self, ok: bool) -> None:
         self.metrics.reload(ok)
+        self.history.reload(ok)
+
+    def _history_bug(self) -> None:
+        if not self._history_failed:
+            self._history_failed = True
+            log.exception("history: counting failed (logged once)")

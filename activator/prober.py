@@ -9,8 +9,9 @@ What is probed, when a probe is due and what an outcome counts as are decided in
   many pods do not fire together), then every ``interval``: if the probe is due (not
   while every slot of the pod here is in use), it sends ``GET probe.path`` with its own
   connection (never a proxied request's) and reports the ``ProbeOutcome``, judged by
-  ``core.probes.judge``, to the topology writer as a ``ProbeReport``. Inconclusive
-  verdicts are not reported.
+  ``core.probes.judge``, to the topology writer as a ``ProbeReport`` with how long the
+  probe took (shown as the pod's last probe in /status). Inconclusive verdicts are not
+  reported.
 - The outcome comes from what happened, by type: a 2xx/3xx answer passes; another
   status is ``BAD_STATUS``; a connection that could not be made is ``REFUSED``; no
   complete answer in time is ``TIMED_OUT``; anything else broken is ``BROKEN``.
@@ -19,6 +20,7 @@ What is probed, when a probe is due and what an outcome counts as are decided in
 from __future__ import annotations
 
 import random
+import time
 
 import gevent
 
@@ -27,9 +29,19 @@ from .core.errors import UpstreamConnectError, UpstreamTimeout
 from .core.events import ProbeReport
 from .core.failures import FailureKind
 from .core.http import BodyFraming
-from .core.probes import ProbeOutcome, Verdict, judge, probe_due, probed
+from .core.probes import (
+    GRPC_HEALTH_PATH,
+    GRPC_HEALTH_REQUEST,
+    ProbeOutcome,
+    Verdict,
+    grpc_health_outcome,
+    judge,
+    probe_due,
+    probed,
+)
 from .core.topology import Topology
-from .upstream import Timeouts, UpstreamBodyError, UpstreamPool
+from .pods import H2C, HTTP1, PodClient, make_client
+from .upstream import FixedBody, Timeouts, UpstreamBodyError
 from .writer import TopologyWriter
 
 PROBE_HEADERS = [(b"User-Agent", b"activator-probe"), (b"Accept", b"*/*")]
@@ -64,15 +76,19 @@ class Prober:
         self._greenlets.clear()
 
     def _probe_forever(self, service_name: str, address: str) -> None:
-        host, _, port = address.rpartition(":")
-        pool = UpstreamPool(host.strip("[]"), int(port), max_idle=1)
+        protocol = HTTP1
+        pool = make_client(address, protocol, max_idle=1)
         first = True
         try:
             while True:
                 service = self.topology.services.get(service_name)
                 probe = service.config.probe if service else None
-                if probe is None:
+                if service is None or probe is None:
                     return
+                if service.config.protocol != protocol:  # spoken to as the service says
+                    pool.close()
+                    protocol = service.config.protocol
+                    pool = make_client(address, protocol, max_idle=1)
                 gevent.sleep(random.uniform(0, probe.interval) if first else probe.interval)
                 first = False
                 service = self.topology.services.get(service_name)
@@ -82,24 +98,42 @@ class Prober:
                     return
                 if not probe_due(tracker.in_flight, tracker.slots):
                     continue  # busy with our own requests: alive, and a probe would queue behind them
-                outcome, detail = probe_once(pool, address, probe)
+                started = time.monotonic()
+                outcome, detail = probe_once(pool, address, probe, protocol)
+                duration = time.monotonic() - started
                 verdict = judge(outcome, tracker.in_flight)
                 if verdict is not Verdict.INCONCLUSIVE:
-                    self.writer.post(ProbeReport(service_name, address, verdict, detail))
+                    self.writer.post(ProbeReport(service_name, address, verdict, detail, duration))
         finally:
             pool.close()
 
 
-def probe_once(pool: UpstreamPool, address: str, probe: ProbeConfig) -> tuple[ProbeOutcome, str]:
-    """One probe: what happened, and in words."""
+def probe_once(pool: PodClient, address: str, probe: ProbeConfig, protocol: str = HTTP1) -> tuple[ProbeOutcome, str]:
+    """One probe: what happened, and in words.
+
+    ``GET probe.path``; on an ``h2c`` service whose probe path is
+    ``core.probes.GRPC_HEALTH_PATH``, a gRPC health check instead.
+    """
+    grpc_check = protocol == H2C and probe.path == GRPC_HEALTH_PATH
     headers = [(b"Host", address.encode()), *PROBE_HEADERS]
+    body: FixedBody | None = None
+    if grpc_check:
+        headers += [(b"Content-Type", b"application/grpc")]
+        body = FixedBody(GRPC_HEALTH_REQUEST)
     timeouts = Timeouts(probe.timeout, probe.timeout, total=probe.timeout)
+    data = bytearray()
     try:
         with gevent.Timeout(probe.timeout * 2 + 1):  # backstop; the pool enforces the real timeouts
-            response = pool.request("GET", probe.path.encode(), headers, None, BodyFraming.NONE, None, timeouts)
+            if body is not None:
+                response = pool.request(
+                    "POST", probe.path.encode(), headers, body, BodyFraming.LENGTH, len(body.data), timeouts
+                )
+            else:
+                response = pool.request("GET", probe.path.encode(), headers, None, BodyFraming.NONE, None, timeouts)
             try:
-                for _ in response.body():
-                    pass
+                for piece in response.body():
+                    if grpc_check and len(data) < 4096:
+                        data += piece
             finally:
                 response.close()
     except UpstreamConnectError as error:
@@ -110,6 +144,10 @@ def probe_once(pool: UpstreamPool, address: str, probe: ProbeConfig) -> tuple[Pr
         return ProbeOutcome.TIMED_OUT, f"timeout: {error}"
     except UpstreamBodyError as error:
         return (ProbeOutcome.TIMED_OUT if error.kind is FailureKind.TIMEOUT else ProbeOutcome.BROKEN), str(error)
-    if 200 <= response.status < 400:
+    if grpc_check and response.status == 200:
+        fields = [*response.headers, *response.trailers]
+        status = next((value for name, value in fields if name.lower() == b"grpc-status"), None)
+        return grpc_health_outcome(status, bytes(data))
+    if 200 <= response.status < 400 and not grpc_check:
         return ProbeOutcome.PASSED, ""
     return ProbeOutcome.BAD_STATUS, f"status {response.status}"

@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import falcon
 import gevent
@@ -50,14 +50,20 @@ from .core.errors import (
 )
 from .core.events import TransportFailure
 from .core.failures import CONNECT_RETRIES, FailureKind, may_retry_elsewhere
+from .core.fleet import Forward
 from .core.http import BodyFraming, Header
+from .core.peering import PEER_PATH
+from .core.slotexchange import Borrowed
 from .core.throttler import Grant, ServiceThrottler
-from .core.topology import Forward, Topology, may_forward
+from .core.topology import Topology, may_forward
 from .engine import EXCHANGE
 from .exchange import ClientExchange, PodResponse
 from .observe import Observer, RequestRecord
+from .peers import PeerEndpoint
+from .pods import HTTP1, PodClient
+from .sharing import SlotSharing
 from .tunnel import Tunnel
-from .upstream import Timeouts, UpstreamBodyError, UpstreamPool
+from .upstream import Timeouts, UpstreamBodyError
 from .writer import Actor, TopologyWriter
 
 log = logging.getLogger("activator")
@@ -68,13 +74,36 @@ log = logging.getLogger("activator")
 HANGUP_CHECK_AFTER = 0.005
 
 
-class Lease:
+class SlotLease(Protocol):
     """The one owner of a request's slot: ``release`` gives it back exactly once.
 
     What happened to the request on the pod is recorded here too: ``answered`` when the
     pod's answer head came (its failure streak starts over on release), a transport
-    failure as an event for the topology writer.
+    failure (``failed``). ``waited``: the slot came after a wait in the queue.
     """
+
+    answered: bool
+
+    @property
+    def pod(self) -> str: ...
+
+    @property
+    def waited(self) -> bool: ...
+
+    def retry(self, timeout: float, client: ClientExchange) -> None:
+        """Trade the slot of a failed connect for one on another pod if one is free."""
+
+    def open_tunnel(self) -> None:
+        """The request became a tunnel (counted per service: ``/status``, StatsD)."""
+
+    def failed(self, kind: FailureKind) -> None: ...
+
+    def release(self) -> None: ...
+
+
+class Lease:
+    """A slot of this process (a ``SlotLease``); a transport failure is an event for the
+    topology writer."""
 
     __slots__ = ("actor", "answered", "grant", "throttler", "writer")
 
@@ -89,6 +118,10 @@ class Lease:
     def pod(self) -> str:
         assert self.grant is not None
         return self.grant.pod.address
+
+    @property
+    def waited(self) -> bool:
+        return self.grant is not None and self.grant.queued
 
     def retry(self, timeout: float, client: ClientExchange) -> None:
         """Trade the slot of a failed connect for one on another pod (gate.acquire_retry)."""
@@ -118,6 +151,83 @@ class Lease:
                     gevent.sleep(0)
 
 
+class SharedLease:
+    """A slot from the activator's slot exchange (``workers: N``, a ``SlotLease``): this
+    worker's own (``Grant``) or a sibling's lent for this request (``Borrowed``). A
+    transport failure on a borrowed slot goes back with it, to its owner, which records it.
+    """
+
+    __slots__ = ("answered", "arrival", "failure", "queued", "sharing", "slot", "throttler", "tunnel", "writer")
+
+    def __init__(
+        self,
+        throttler: ServiceThrottler,
+        slot: Grant | Borrowed,
+        sharing: SlotSharing,
+        writer: TopologyWriter,
+        arrival: float,
+        queued: bool,
+    ) -> None:
+        self.throttler = throttler
+        self.slot: Grant | Borrowed | None = slot
+        self.sharing = sharing
+        self.writer = writer
+        self.arrival = arrival
+        self.queued = queued
+        self.answered = False
+        self.tunnel = False
+        self.failure: str | None = None
+
+    @property
+    def pod(self) -> str:
+        slot = self.slot
+        assert slot is not None
+        return slot.pod.address if isinstance(slot, Grant) else slot.pod
+
+    @property
+    def waited(self) -> bool:
+        return self.queued
+
+    def retry(self, timeout: float, client: ClientExchange) -> None:
+        failed, self.slot = self.slot, None
+        assert failed is not None
+        self.queued = True
+        if isinstance(failed, Grant):
+            grant, effects = self.throttler.retry_here(failed, time.monotonic())
+            self.sharing.act(effects)
+            if grant is not None:
+                self.slot = grant
+                return
+        else:
+            self.sharing.borrowed_done(self.throttler, failed, False, self.failure)
+            self.failure = None
+        # It waited its turn already: back in line at its first arrival.
+        self.slot = self.sharing.wait(self.throttler, time.monotonic() + timeout, client, self.arrival)
+
+    def open_tunnel(self) -> None:
+        slot = self.slot
+        assert slot is not None
+        self.tunnel = True
+        if isinstance(slot, Grant):
+            self.throttler.open_tunnel(slot)
+        else:
+            self.throttler.borrowed_tunnel()
+
+    def failed(self, kind: FailureKind) -> None:
+        slot = self.slot
+        if isinstance(slot, Grant):
+            self.writer.post(TransportFailure(self.throttler.name, slot.pod.address, kind))
+        elif slot is not None:
+            self.failure = kind.value
+
+    def release(self) -> None:
+        slot, self.slot = self.slot, None
+        if isinstance(slot, Grant):
+            self.sharing.act(self.throttler.release(slot, time.monotonic(), self.answered))
+        elif slot is not None:
+            self.sharing.borrowed_done(self.throttler, slot, self.tunnel, self.failure)
+
+
 class Proxy:
     """The Falcon sink. One instance per process; the topology is swapped under it."""
 
@@ -125,11 +235,12 @@ class Proxy:
         self,
         topology: Topology,
         observer: Observer,
-        pools: Callable[[str], UpstreamPool],
+        pods: Callable[[str, str], PodClient],
         writer: TopologyWriter,
         actor: Actor,
         self_name: str = "",
         client_timeout: float = 60.0,
+        sharing: SlotSharing | None = None,
     ) -> None:
         self.topology = topology
         self.writer = writer
@@ -137,7 +248,11 @@ class Proxy:
         self.self_name = self_name
         self.observer = observer
         self.client_timeout = client_timeout
-        self._pool_for = pools
+        self._pod_client = pods
+        #: ``workers: N``: the activator's one queue.
+        self.sharing = sharing
+        #: The fleet's endpoint (``peers.PeerEndpoint``), None for a lone activator.
+        self.peers: PeerEndpoint | None = None
         self.stopping = False
         #: Requests inside the proxy right now (queued or proxied); 0 means drained.
         self.active = 0
@@ -145,6 +260,9 @@ class Proxy:
 
     def __call__(self, req: falcon.Request, resp: falcon.Response, **_: Any) -> None:
         exchange: ClientExchange = req.env[EXCHANGE]
+        if self.peers is not None and exchange.target.startswith(PEER_PATH):
+            self._serve_peer(exchange)  # the fleet's own traffic: neither logged nor counted
+            return
         record = RequestRecord(time.monotonic(), exchange.client_ip, exchange.method, exchange.target)
         self.active += 1
         try:
@@ -165,6 +283,18 @@ class Proxy:
             elif record.status == 0:
                 record.status = exchange.status
             self.observer.request_done(record)
+
+    def _serve_peer(self, exchange: ClientExchange) -> None:
+        assert self.peers is not None
+        try:
+            self.peers.serve(exchange)
+        except ActivatorError as error:  # the checker went away, or sent a broken body
+            if not exchange.started:
+                exchange.answer(error)
+        except Exception:
+            log.exception("internal error answering a peer check")
+            if not exchange.started:
+                exchange.answer(InternalError())
 
     @staticmethod
     def _answer(exchange: ClientExchange, error: ActivatorError, record: RequestRecord) -> None:
@@ -198,13 +328,13 @@ class Proxy:
             exchange.upgrade_value if exchange.upgrade else None,
         )
         target = self.topology.forward_target(throttler.name)
-        if target is None or not may_forward(marker, target.kind):
+        if target is None or not may_forward(marker):
             wait = config.queue_timeout if deadline is None else min(config.queue_timeout, deadline - record.start)
             try:
-                grant = gate.acquire(throttler, wait, exchange, self.actor.act)
+                lease = self._acquire(throttler, wait, exchange, record.start)
             except gate.Redirected:
                 target = self.topology.forward_target(throttler.name)
-                if target is None or not may_forward(marker, target.kind):
+                if target is None or not may_forward(marker):
                     raise QueueTimeout() from None
             except QueueTimeout:
                 if deadline is not None and time.monotonic() >= deadline:
@@ -214,7 +344,6 @@ class Proxy:
                 record.queue_wait = time.monotonic() - record.start
                 if deadline is not None:
                     _pass_on_deadline(pod_headers, deadline)
-                lease = Lease(throttler, grant, self.actor, self.writer)
                 try:
                     response = self._send_to_pod(exchange, pod_headers, config, lease, record)
                     if response.upgraded:
@@ -225,6 +354,25 @@ class Proxy:
                     lease.release()
                 return
         self._forward(exchange, pod_headers, marker, target, config, record)
+
+    def _acquire(self, throttler: ServiceThrottler, wait: float, exchange: ClientExchange, arrival: float) -> SlotLease:
+        """A slot for the request: this process's (FIFO here), or, with ``workers: N``, one
+        from the activator's slot exchange (FIFO across the workers). Raises QueueFull,
+        QueueTimeout, ClientGone or gate.Redirected."""
+        while True:
+            sharing = self.sharing
+            if sharing is None or not throttler.shared:
+                return Lease(
+                    throttler, gate.acquire(throttler, wait, exchange, self.actor.act), self.actor, self.writer
+                )
+            own = throttler.acquire_here()
+            if own is not None:
+                return SharedLease(throttler, own, sharing, self.writer, arrival, False)
+            try:
+                slot = sharing.wait(throttler, arrival + wait, exchange, arrival)
+            except gate.Redirected:
+                continue  # the service left shared mode while it waited: queue here
+            return SharedLease(throttler, slot, sharing, self.writer, arrival, True)
 
     @staticmethod
     def _marker(exchange: ClientExchange) -> str | None:
@@ -272,11 +420,11 @@ class Proxy:
         exchange: ClientExchange,
         pod_headers: list[Header],
         config: ServiceConfig,
-        lease: Lease,
+        lease: SlotLease,
         record: RequestRecord,
     ) -> PodResponse:
         """The pod's answer head (retrying a failed connect once, on another pod if one is free)."""
-        waited = lease.grant is not None and lease.grant.queued
+        waited = lease.waited
         retries = CONNECT_RETRIES
         timeouts = self._timeouts(config)
         while True:
@@ -286,7 +434,7 @@ class Proxy:
                 raise ClientGone("the client hung up as its slot came")
             sent_at = time.monotonic()
             try:
-                response = self._pool_for(lease.pod).request(
+                response = self._pod_client(lease.pod, config.protocol).request(
                     exchange.method,
                     exchange.target,
                     pod_headers,
@@ -312,7 +460,7 @@ class Proxy:
             return response
 
     def _relay(
-        self, exchange: ClientExchange, response: PodResponse, record: RequestRecord, lease: Lease | None
+        self, exchange: ClientExchange, response: PodResponse, record: RequestRecord, lease: SlotLease | None
     ) -> None:
         """Stream the pod's answer to the client; the pod connection is closed or pooled."""
         try:
@@ -335,6 +483,11 @@ class Proxy:
                 if response.complete:  # the whole answer came with its head (the usual small one)
                     exchange.write(response.take_body())
                 else:
+                    first = response.take_body()
+                    if first:
+                        exchange.write(first)
+                    else:
+                        exchange.flush()  # a stream's head goes out before its first event
                     for piece in response.body():
                         exchange.write(piece)
             except UpstreamBodyError as error:
@@ -355,7 +508,7 @@ class Proxy:
         response: PodResponse,
         config: ServiceConfig,
         record: RequestRecord,
-        lease: Lease,
+        lease: SlotLease,
     ) -> None:
         """The pod accepted an Upgrade (101): splice bytes until either side closes."""
         switch = getattr(exchange, "switch_protocols", None)
@@ -385,24 +538,40 @@ class Proxy:
         config: ServiceConfig,
         record: RequestRecord,
     ) -> None:
-        """Hand the request to a peer activator, or a sibling worker, that owns slots.
+        """Hand the request to a peer activator that owns slots.
 
         The receiver queues it like its own; the marker header keeps it from going on.
+        While the receiver has not answered (it may be queued there), the client is
+        watched: when it leaves, the forwarded connection is closed, and the receiver,
+        which watches that connection like any client's, takes the request out of its
+        queue at once.
         """
-        record.pod = f"{target.kind}:{target.address}"
-        record.relayed = target.kind == "worker"
-        hop = f"{target.kind} {self.self_name if target.kind == 'peer' else self.topology.worker_index}"
+        record.pod = f"peer:{target.address}"
+        hop = f"peer {self.self_name}"
         pod_headers = [*pod_headers, (b"X-Activator-Forwarded", (f"{marker}, {hop}" if marker else hop).encode())]
-        response = self._pool_for(target.address).request(
-            exchange.method,
-            exchange.target,
-            pod_headers,
-            exchange,
-            exchange.framing,
-            exchange.content_length,
-            self._timeouts(config, forwarding=True),
-            exchange.interim,
-        )
+        me = gevent.getcurrent()
+        waiting = True
+
+        def client_left() -> None:
+            if waiting:
+                gevent.kill(me, ClientGone("the client hung up while its forwarded request waited"), block=False)
+
+        if not exchange.watch_gone(client_left):
+            raise ClientGone("the client hung up before its request was forwarded")
+        try:
+            response = self._pod_client(target.address, HTTP1).request(
+                exchange.method,
+                exchange.target,
+                pod_headers,
+                exchange,
+                exchange.framing,
+                exchange.content_length,
+                self._timeouts(config, forwarding=True),
+                exchange.interim,
+            )
+        finally:
+            waiting = False
+            exchange.unwatch_gone(client_left)
         self._relay(exchange, response, record, None)
 
 

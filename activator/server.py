@@ -12,8 +12,13 @@ What this module decides:
   the topology (limits, access log, StatsD, this activator's name) follow it.
 - Reload: the file is parsed, validated and diffed in the hub's threadpool (a big file
   must not stall requests), then posted to the writer. A bad file changes nothing; the
-  error is logged, counted and shown in /status. ``listen``, ``admin`` and ``workers``
-  changes are reported as needing a restart. One reload at a time, in the order asked.
+  error is logged (one line: file, line, key, message), counted and shown in /status.
+  (The thread function returns a bad file's ``ConfigError`` as a value instead of
+  raising it: the threadpool prints the traceback of anything raised in it.) ``listen``,
+  ``admin`` and ``workers`` changes are reported as needing a restart. One reload at a
+  time, in the order asked.
+- History (``history.History``, kept by the observer): one greenlet samples the
+  topology into it once a second, just after each whole wall-clock second.
 - Signals (``signals.Signals``): SIGHUP re-reads the file; SIGTERM or SIGINT starts a
   graceful stop: /readyz turns 503, the listener closes, new requests on kept-alive
   connections get 503 ``shutting-down``, queued and in-flight requests finish within
@@ -24,6 +29,7 @@ from __future__ import annotations
 
 import datetime
 import logging
+import math
 import os
 import socket
 import ssl
@@ -42,17 +48,21 @@ from .core.config import Address, Config, ConfigDiff, diff_configs
 from .core.errors import ConfigError
 from .core.events import ConfigChanged, Tick
 from .core.events import Event as TopologyEvent
+from .core.throttler import Grant, ServiceThrottler
 from .core.topology import Topology
 from .engine import HttpServer, Limits
+from .logs import fatal, setup_logging
 from .metrics import make_metrics
 from .observe import Observer
+from .peers import PeerChecker, PeerEndpoint
+from .pods import PodClients
 from .prober import Prober
 from .proxy import Proxy, make_app
+from .sharing import SlotSharing
 from .signals import Signals
 from .sockets import listen_socket
 from .systemd import Notifier, run_watchdog
 from .tls import load_context
-from .upstream import UpstreamPool
 from .watcher import FileWatcher
 from .workersockets import WorkerSockets
 from .writer import Actor, TopologyWriter
@@ -61,6 +71,10 @@ log = logging.getLogger("activator")
 
 #: The GIL switch interval while the threadpool parses a new file (Python's default: 5 ms).
 RELOAD_SWITCH_INTERVAL = 0.0005
+#: The history is sampled this long after each whole second.
+HISTORY_OFFSET = 0.01
+
+__all__ = ["Runtime", "listen_on", "run", "setup_logging"]
 
 
 def listen_on(address: Address) -> socket.socket:
@@ -94,20 +108,28 @@ class Runtime:
             workers=worker.addresses if worker else (),
         )
         self.observer.metrics = make_metrics(config.statsd, self.topology)
-        self.actor = Actor(self.observer, self._states_changed)
+        self.actor = Actor(self.observer, self._states_changed, self._lend if worker else None)
         self.writer = TopologyWriter(self.topology, self.actor, self._applied)
+        #: ``workers: N``: this worker's side of the activator's one queue.
+        self.sharing: SlotSharing | None = None
+        if worker is not None:
+            self.sharing = SlotSharing(worker.exchange, worker.index, self.topology, self.actor.act, self.writer.post)
         self.prober = Prober(self.topology, self.writer)
-        self._pools: dict[str, UpstreamPool] = {}
+        self.pods = PodClients()
         self.limits = limits_of(config)
         self.proxy = Proxy(
             self.topology,
             self.observer,
-            self.pool_for,
+            self.pods.get,
             self.writer,
             self.actor,
             config.activators.self_name if config.activators else "",
             config.limits.client_timeout,
+            self.sharing,
         )
+        me = self._my_name
+        self.proxy.peers = PeerEndpoint(self.topology, self.writer.post, me, worker.secret if worker else None)
+        self.checker = PeerChecker(self.topology, self.writer.post, me, worker.secret if worker else None)
         self.watcher = FileWatcher(self.path, self.reload)
         #: The proxy listener's TLS context (``tls:``), made at start and on each reload.
         self._tls_context = load_context(config.tls, config.path) if config.tls is not None else None
@@ -122,21 +144,13 @@ class Runtime:
 
     # -- upstream pools ---------------------------------------------------------
 
-    def pool_for(self, address: str) -> UpstreamPool:
-        pool = self._pools.get(address)
-        if pool is None:
-            host, _, port = address.rpartition(":")
-            pool = self._pools[address] = UpstreamPool(host.strip("[]"), int(port))
-        return pool
-
     def _close_unused_pools(self) -> None:
-        """Close the pools of pods no longer tracked (peers and sibling workers keep theirs)."""
+        """Close the clients of pods no longer tracked (peers and sibling workers keep theirs)."""
         keep = {a for s in self.topology.services.values() for a in s.trackers}
         keep.update(self.topology.workers)
         if self.config.activators is not None:
             keep.update(str(address) for address in self.config.activators.peers.values())
-        for address in [a for a in self._pools if a not in keep]:
-            self._pools.pop(address).close()
+        self.pods.close_unused(keep)
 
     # -- lifecycle --------------------------------------------------------------
 
@@ -161,11 +175,14 @@ class Runtime:
                 )
             self.admin_server = HttpServer(listen_on(config.admin), make_admin_app(self), Limits())
             self.admin_server.start()
+        if self.sharing is not None:
+            self.sharing.start()
         self.actor.act(self.topology.initial_effects)
         self.prober.sync()
         self.observer.metrics.start()
         self.writer.start()
-        self._greenlets = [gevent.spawn(self.watcher.run)]
+        self.checker.start()
+        self._greenlets = [gevent.spawn(self.watcher.run), gevent.spawn(self._sample_history)]
         self._watch_tls_files()
         if self.notifier.watchdog_interval():
             self._greenlets.append(gevent.spawn(run_watchdog, self.notifier))  # a stuck loop stops it
@@ -205,15 +222,44 @@ class Runtime:
         paths = (tls.cert, tls.key) if tls is not None else ()
         self._tls_watchers = [gevent.spawn(FileWatcher(path, self.reload).run) for path in paths]
 
+    def _sample_history(self) -> None:
+        """Sample the topology into the history once a second, just after each whole
+        wall-clock second (so that the workers' points line up)."""
+        history = self.observer.history
+        failed = False
+        while True:
+            now = time.time()
+            gevent.sleep(math.floor(now) + 1 - now + HISTORY_OFFSET)
+            try:
+                history.sample(self.topology.services, int(time.time()))
+            except Exception:  # a bug: the history stops, the proxy goes on; said once
+                if not failed:
+                    failed = True
+                    log.exception("history: sampling failed (logged once)")
+
     def _states_changed(self) -> None:
         self.prober.sync()
+
+    def _my_name(self) -> str:
+        peers = self.config.activators
+        return peers.self_name if peers is not None else ""
+
+    def _lend(self, throttler: ServiceThrottler, grant: Grant) -> None:
+        assert self.sharing is not None
+        self.sharing.offer(throttler, grant)
 
     def _applied(self, event: TopologyEvent) -> None:
         """Right after the writer applied ``event``, in the same step (does not yield)."""
         if isinstance(event, ConfigChanged):
             self._follow_config(event.config)
+            if self.sharing is not None:
+                self.sharing.resync()
+            self.checker.kick()  # hand-overs wait for answers made after the change
         elif isinstance(event, Tick):
             self._close_unused_pools()
+        for change in self.topology.fleet.take_changes():
+            level = logging.WARNING if change.new.value == "down" else logging.INFO
+            log.log(level, "peer %s: %s -> %s (%s)", change.name, change.old.value, change.new.value, change.detail)
 
     # -- reload -----------------------------------------------------------------
 
@@ -234,16 +280,18 @@ class Runtime:
         switch_interval = sys.getswitchinterval()
         sys.setswitchinterval(RELOAD_SWITCH_INTERVAL)
         try:
-            new, diff, context = gevent.get_hub().threadpool.apply(_load_and_diff, (self.path, self.config))
-        except ConfigError as error:
+            loaded = gevent.get_hub().threadpool.apply(_load_and_diff, (self.path, self.config))
+        finally:
+            sys.setswitchinterval(switch_interval)
+        if isinstance(loaded, ConfigError):
+            error = loaded
             self.last_error = str(error)
             if self.topology.worker_index == 0:  # one count per activator, not per worker
                 self.observer.reload(False)
             log.error("config reload (%s) failed, keeping the running config: %s", reason, error)
             self.notifier.ready(f"reload failed: {error}")
             return
-        finally:
-            sys.setswitchinterval(switch_interval)
+        new, diff, context = loaded
         self._tls_context = context
         applied = Event()
         self.writer.post(ConfigChanged(new, diff), applied)
@@ -307,12 +355,17 @@ class Runtime:
                 server.stop(timeout=1)
         gevent.killall([*self._greenlets, *self._tls_watchers], block=False)
         self.writer.stop()
+        self.checker.stop()
         self.prober.stop()
         self.observer.metrics.stop()
         log.info("stopped")
         self._stopped.set()
 
     # -- status -----------------------------------------------------------------
+
+    def history(self, seconds: int, pods: bool) -> dict[str, Any]:
+        """``/status/history``: the last ``seconds`` of the history (pods' series too)."""
+        return self.observer.history.export(seconds, pods)
 
     def status(self) -> dict[str, Any]:
         config = self.config
@@ -333,15 +386,22 @@ class Runtime:
                 "loaded_at": _iso(self.loaded_at),
                 "last_error": self.last_error,
             },
-            "services": self.topology.snapshot(now),
+            "reloads": dict(self.observer.history.reloads),
+            "services": self.observer.history.annotate(self.topology.snapshot(now)),
         }
 
 
-def _load_and_diff(path: str, old: Config) -> tuple[Config, ConfigDiff, ssl.SSLContext | None]:
+def _load_and_diff(path: str, old: Config) -> tuple[Config, ConfigDiff, ssl.SSLContext | None] | ConfigError:
     """Read ``path``: the new config, what applying it changes, and its TLS context (the
-    certificate and key read again). Runs in the threadpool."""
-    new = load_config(path)
-    context = load_context(new.tls, path) if new.tls is not None else None
+    certificate and key read again); or the ``ConfigError`` that makes it unusable.
+
+    Runs in the threadpool, which prints the traceback of anything raised there: an
+    expected error is returned, never raised (anything else is a bug, and printed)."""
+    try:
+        new = load_config(path)
+        context = load_context(new.tls, path) if new.tls is not None else None
+    except ConfigError as error:
+        return error
     return new, diff_configs(old, new), context
 
 
@@ -349,20 +409,12 @@ def _iso(timestamp: float) -> str:
     return datetime.datetime.fromtimestamp(timestamp, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def setup_logging() -> None:
-    logging.basicConfig(
-        stream=sys.stderr,
-        level=os.environ.get("ACTIVATOR_LOG_LEVEL", "INFO").upper(),
-        format="%(asctime)s %(levelname)s %(message)s",
-    )
-
-
 def run(config: Config, worker: WorkerSockets | None) -> int:
     """Serve ``config`` as one activator process until stopped. Returns the exit code."""
     try:
         runtime = Runtime(config, worker=worker)
     except ConfigError as error:  # a TLS pair that cannot serve
-        print(f"activator: {error}", file=sys.stderr)
+        fatal(f"activator: {error}")
         return 2
     try:
         runtime.start()

@@ -3,7 +3,8 @@
 TCP_NODELAY is set on the listener and inherited by every accepted socket on Linux:
 without it a keep-alive response written in two pieces meets the client's delayed ACK
 and stalls ~40 ms. SO_REUSEADDR lets a restart bind at once; SO_REUSEPORT is for
-processes that share a port. A leaf module: it imports nothing of activator's.
+processes that share a port. A connection's read side is shut (to end a wait on it) in
+a way that keeps its TLS layer whole (``shutdown_keeping_tls``). A leaf module: it imports nothing of activator's.
 """
 
 from __future__ import annotations
@@ -27,3 +28,22 @@ def listen_socket(host: str, port: int, *, reuse_port: bool = False, backlog: in
         raise
     sock.setblocking(False)
     return sock
+
+
+def shutdown_keeping_tls(sock: socket.socket, how: int) -> None:
+    """``shutdown(how)`` of a connection, leaving a TLS layer on it alone.
+
+    ``shutdown`` on a TLS socket drops its TLS state (anything sent after it would go out
+    in clear), so the TCP socket is shut down through a duplicate of its descriptor: the
+    shutdown is the connection's, the TLS object is untouched. Does not yield.
+    """
+    try:
+        twin = socket.fromfd(sock.fileno(), sock.family, sock.type)
+    except (OSError, ValueError):
+        return  # closed already
+    try:
+        twin.shutdown(how)
+    except OSError:
+        pass
+    finally:
+        twin.close()

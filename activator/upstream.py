@@ -114,6 +114,30 @@ class BodySource(Protocol):
     def wait_for_body(self, pod_fd: int, timeout: float) -> bool: ...
 
 
+class FixedBody:
+    """A ``BodySource`` of bytes known up front (a probe's request message)."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.trailers: list[Header] = []
+        self._sent = False
+
+    def read(self, size: int = -1) -> bytes:
+        if self._sent:
+            return b""
+        self._sent = True
+        return self.data
+
+    def raise_known_error(self) -> None:
+        return None
+
+    def buffered(self) -> bool:
+        return True
+
+    def wait_for_body(self, pod_fd: int, timeout: float) -> bool:
+        return True
+
+
 class Timeouts:
     """The deadlines of one exchange with a pod (see the module docstring)."""
 

@@ -8,12 +8,17 @@ What this module decides:
   hands each accepted connection to one worker; a worker is a full activator.
 - Slots: each worker owns its share of this activator's slots of every pod (the
   same consistent-hash division as among activators, one level down), so the
-  workers together never exceed a pod's limit. A worker that owns no slot of a
-  service forwards its requests to a sibling that does (one hop, on the sibling's
-  private port): no worker is a black hole.
+  workers together never exceed a pod's limit. The activator has one queue, here:
+  a request a worker cannot serve at once waits in the supervisor's slot exchange
+  (``sharing.ExchangeHub``, rules in ``core.slotexchange``) and the workers lend it
+  their slots, so no pod has a free slot in one worker while a request of its
+  service waits in another, and requests are served in arrival order whichever
+  worker they came to.
 - The supervisor serves the admin API with the same resources as a single process
-  (``admin.make_admin_app``): /readyz is 200 when every worker is ready; /status and the
-  page merge the workers' views (``core.status.merge_worker_statuses``).
+  (``admin.make_admin_app``): /readyz is 200 when every worker is ready; /status, the
+  page, /status.csv and /metrics merge the workers' views
+  (``core.status.merge_worker_statuses``), /status/history their histories point-wise
+  (``history.merge_histories``).
 - Signals: SIGHUP is passed to every worker (each re-reads the file); SIGTERM or
   SIGINT stops them gracefully (a second one kills them); a worker that dies
   unexpectedly is restarted on the same sockets. systemd hears READY=1 once every
@@ -25,6 +30,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import secrets
 import signal
 import sys
 import time
@@ -38,6 +44,8 @@ from .admin import make_admin_app
 from .core.config import Config
 from .core.status import merge_worker_statuses
 from .engine import HttpServer, Limits
+from .history import merge_histories
+from .sharing import ExchangeHub, socket_pair
 from .signals import Signals
 from .sockets import listen_socket
 from .systemd import Notifier, run_watchdog
@@ -56,12 +64,19 @@ def worker_command(config_path: str) -> list[str]:
 
 
 class Worker:
-    def __init__(self, index: int, addresses: list[str], public: Any, private: Any, admin: Any) -> None:
+    def __init__(self, index: int, addresses: list[str], public: Any, private: Any, admin: Any, secret: str) -> None:
         self.index = index
+        self.addresses = addresses
+        self.secret = secret
         self.sockets = (public, private, admin)
         self.admin_address = f"127.0.0.1:{admin.getsockname()[1]}"
-        self.spec = WorkerSockets.encode(index, addresses, public.fileno(), private.fileno(), admin.fileno())
         self.process: gevent.subprocess.Popen | None = None
+
+    def spec(self, exchange: int) -> str:
+        public, private, admin = self.sockets
+        return WorkerSockets.encode(
+            self.index, self.addresses, public.fileno(), private.fileno(), admin.fileno(), exchange, self.secret
+        )
 
 
 class Supervisor:
@@ -73,11 +88,14 @@ class Supervisor:
         self.stopping = False
         self.signals = Signals(lambda: self._signal_all(signal.SIGHUP), self._stop, self._kill_all)
         self._done = Event()
+        #: The activator's one queue (``sharing.py``).
+        self.hub = ExchangeHub()
         public = listen_socket(config.listen.host, config.listen.port)
         privates = [listen_socket("127.0.0.1", 0) for _ in range(config.workers)]
         admins = [listen_socket("127.0.0.1", 0) for _ in range(config.workers)]
         addresses = [f"127.0.0.1:{s.getsockname()[1]}" for s in privates]
-        self.workers = [Worker(i, addresses, public, privates[i], admins[i]) for i in range(config.workers)]
+        secret = secrets.token_hex(32)  # the workers' checks of each other
+        self.workers = [Worker(i, addresses, public, privates[i], admins[i], secret) for i in range(config.workers)]
         self.admin_server: HttpServer | None = None
         if config.admin is not None:
             self.admin_server = HttpServer(
@@ -88,9 +106,14 @@ class Supervisor:
 
     def _start(self, worker: Worker) -> None:
         env = {k: v for k, v in os.environ.items() if k not in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")}
-        env[ENV] = worker.spec
-        fds = [s.fileno() for s in worker.sockets]
-        worker.process = gevent.subprocess.Popen(worker_command(self.config.path), env=env, pass_fds=fds)
+        hub_end, worker_end = socket_pair()
+        env[ENV] = worker.spec(worker_end.fileno())
+        fds = [s.fileno() for s in worker.sockets] + [worker_end.fileno()]
+        try:
+            worker.process = gevent.subprocess.Popen(worker_command(self.config.path), env=env, pass_fds=fds)
+        finally:
+            worker_end.close()  # the worker's now
+        self.hub.attach(worker.index, hub_end)
         log.info("worker %d started (pid %d)", worker.index, worker.process.pid)
 
     def _watch(self, worker: Worker) -> None:
@@ -136,13 +159,22 @@ class Supervisor:
             response.close()
             pool.close()
 
-    def status(self) -> dict[str, Any]:
-        jobs = [gevent.spawn(self._fetch, w, "/status") for w in self.workers]
+    def _fetch_all(self, path: str) -> list[Any]:
+        """``path`` of every worker's admin API, as JSON (None for a worker that did not answer 200)."""
+        jobs = [gevent.spawn(self._fetch, w, path) for w in self.workers]
         gevent.joinall(jobs, timeout=6)
+        return [json.loads(job.value[1]) if job.successful() and job.value[0] == 200 else None for job in jobs]
+
+    def history(self, seconds: int, pods: bool) -> dict[str, Any]:
+        """The workers' histories merged point-wise (a worker that does not answer is left out)."""
+        histories = self._fetch_all(f"/status/history?seconds={seconds}&pods={int(pods)}")
+        return merge_histories(h for h in histories if h is not None)
+
+    def status(self) -> dict[str, Any]:
         statuses = []
-        for worker, job in zip(self.workers, jobs, strict=False):
-            if job.successful() and job.value[0] == 200:
-                statuses.append(json.loads(job.value[1]))
+        for worker, fetched in zip(self.workers, self._fetch_all("/status"), strict=True):
+            if fetched is not None:
+                statuses.append(fetched)
             else:
                 statuses.append(
                     {
@@ -155,6 +187,12 @@ class Supervisor:
                     }
                 )
         merged = merge_worker_statuses(statuses)
+        now = time.monotonic()
+        for name, service in merged["services"].items():
+            # Requests waiting in the activator's one queue are the supervisor's.
+            service["queued"] += self.hub.queued(name)
+            exchange_wait = round(self.hub.oldest_wait(name, now), 3)
+            service["oldest_wait_seconds"] = max(service["oldest_wait_seconds"], exchange_wait)
         merged["stopping"] = self.stopping
         merged["ready"] = merged["ready"] and not self.stopping
         return merged
@@ -166,6 +204,7 @@ class Supervisor:
     # -- lifecycle --------------------------------------------------------------
 
     def run(self) -> int:
+        self.hub.start()
         for worker in self.workers:
             self._start(worker)
         watchers = [gevent.spawn(self._watch, w) for w in self.workers]

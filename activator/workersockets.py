@@ -6,10 +6,13 @@ port and a restarted worker gets the same ones:
 
 - ``public``: the proxy listener, one socket shared by all workers (the kernel
   hands each accepted connection to one of them);
-- ``private``: this worker's own loopback proxy port, where its siblings forward
+- ``private``: this worker's own loopback proxy port, where its siblings reach its peer
   requests for services of which they own no slot;
 - ``admin``: this worker's loopback admin port, which the supervisor's admin API
-  reads to show the whole activator.
+  reads to show the whole activator;
+- ``exchange``: this incarnation's end of its socket pair to the supervisor's slot
+  exchange (``sharing.py``), made anew for each start;
+- ``secret``: what the workers prove their checks of each other with (``peers.py``).
 """
 
 from __future__ import annotations
@@ -29,11 +32,24 @@ class WorkerSockets:
     public: socket.socket
     private: socket.socket
     admin: socket.socket
+    exchange: socket.socket
+    #: The workers' shared secret for their checks of each other (made by the supervisor).
+    secret: str
 
     @staticmethod
-    def encode(index: int, addresses: list[str], public: int, private: int, admin: int) -> str:
+    def encode(
+        index: int, addresses: list[str], public: int, private: int, admin: int, exchange: int, secret: str
+    ) -> str:
         return json.dumps(
-            {"index": index, "addresses": addresses, "public": public, "private": private, "admin": admin}
+            {
+                "index": index,
+                "addresses": addresses,
+                "public": public,
+                "private": private,
+                "admin": admin,
+                "exchange": exchange,
+                "secret": secret,
+            }
         )
 
     @classmethod
@@ -44,7 +60,7 @@ class WorkerSockets:
         spec = json.loads(raw)
 
         def adopt(fd: int) -> socket.socket:
-            sock = socket.socket(fileno=fd)
+            sock = socket.socket(fileno=fd)  # family and type read from the descriptor
             sock.setblocking(False)
             return sock
 
@@ -54,4 +70,6 @@ class WorkerSockets:
             public=adopt(spec["public"]),
             private=adopt(spec["private"]),
             admin=adopt(spec["admin"]),
+            exchange=socket.socket(fileno=spec["exchange"]),  # blocking: waits yield under gevent
+            secret=spec["secret"],
         )

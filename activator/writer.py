@@ -10,9 +10,10 @@ What this module decides:
   and request greenlets only acquire and release slots. The writer also ticks itself
   every ``TICK_SECONDS``.
 - **Acting on effects** (``Actor``): after a core call returns, the waiters it handed a
-  slot to are woken (each waiter's ``token`` is its ``gevent.event.Event``), each pod
-  state change is logged and counted once, and when pod states changed, the probes are
-  synced (started for newly probed pods, stopped for the others). Request greenlets use
+  slot to are woken (each waiter's ``token`` is its ``gevent.event.Event``), the slots it
+  lent are offered to the activator's slot exchange (``workers: N``), each pod state
+  change is logged and counted once, and when pod states changed, the probes are synced
+  (started for newly probed pods, stopped for the others). Request greenlets use
   the same actor for what their ``release`` hands over.
 """
 
@@ -27,8 +28,8 @@ import gevent
 from gevent.event import Event as Flag
 from gevent.queue import Empty, Queue
 
-from .core.events import ConfigChanged, Event, Tick
-from .core.throttler import Effects, Transition
+from .core.events import Event, Tick
+from .core.throttler import Effects, Grant, ServiceThrottler, Transition
 from .core.topology import Topology
 
 log = logging.getLogger("activator")
@@ -44,15 +45,26 @@ class TransitionSink(Protocol):
 class Actor:
     """Acts on ``Effects`` (see the module docstring). ``act`` does not yield."""
 
-    def __init__(self, observer: TransitionSink, on_states_changed: Callable[[], None] = lambda: None) -> None:
+    def __init__(
+        self,
+        observer: TransitionSink,
+        on_states_changed: Callable[[], None] = lambda: None,
+        lend: Callable[[ServiceThrottler, Grant], None] | None = None,
+    ) -> None:
         self.observer = observer
         self.on_states_changed = on_states_changed
+        #: Where lent slots go (``sharing.SlotSharing.offer``); None: a single process.
+        self.lend = lend
 
     def act(self, effects: Effects) -> None:
         if not effects:
             return
         for waiter in effects.woken:
             waiter.token.set()
+        if effects.lent:
+            assert self.lend is not None, "a slot lent without a slot exchange"
+            for throttler, grant in effects.lent:
+                self.lend(throttler, grant)
         if effects.transitions:
             for transition in effects.transitions:
                 self.observer.transition(transition)
@@ -66,14 +78,14 @@ class TopologyWriter:
         self,
         topology: Topology,
         actor: Actor,
-        on_config: Callable[[ConfigChanged], None] = lambda event: None,
+        on_applied: Callable[[Event], None] = lambda event: None,
         tick: float = TICK_SECONDS,
     ) -> None:
         self.topology = topology
         self.actor = actor
-        #: Called right after a new configuration was applied, in the same step (the
-        #: runtime swaps the settings that live outside the topology).
-        self.on_config = on_config
+        #: Called right after each event was applied, in the same step (after a new
+        #: configuration the runtime swaps the settings that live outside the topology).
+        self.on_applied = on_applied
         self.tick = tick
         self._events: Queue[tuple[Event, Flag | None]] = Queue()
         self._greenlet: gevent.Greenlet | None = None
@@ -92,8 +104,7 @@ class TopologyWriter:
     def apply(self, event: Event) -> None:
         """Apply one event and act on its effects. The writer's step: does not yield."""
         effects = self.topology.handle(event, time.monotonic())
-        if isinstance(event, ConfigChanged):
-            self.on_config(event)
+        self.on_applied(event)
         self.actor.act(effects)
 
     def _run(self) -> None:

@@ -13,7 +13,9 @@ prints it). What it decides, and its rules:
   cooperative yield, so another request can never be counted as overlapping a response
   that was already complete.
 - Control endpoints are never counted: ``GET /_stats``, ``POST /_reset``, ``/healthz``,
-  ``POST /_health?ok=0|1&hang=0|1``.
+  ``POST /_health?ok=0|1&hang=0|1``, ``POST /_release?key=K`` (``key=*``: every one).
+- ``/hold?key=K`` is held until the test releases ``K``: tests that must know exactly
+  what runs where (a pod busy until told) need no timing. ``/_stats`` lists the keys held.
 - Work endpoints: ``/delay?ms=``, ``/upload``, ``/download?bytes=``, ``/sse?n=&gap_ms=``,
   ``/echo`` (and ``/echo/anything``), ``/status?code=``, ``/hang``, ``/garbage``, ``/reset-mid-body``; any other
   path behaves like ``/delay`` (``ms`` from the query, else 0).
@@ -45,6 +47,7 @@ from typing import Any
 from urllib.parse import parse_qs
 
 import gevent
+import gevent.event
 from gevent import pywsgi
 
 StartResponse = Callable[..., Any]
@@ -54,7 +57,7 @@ Environ = dict[str, Any]
 PIECE = 64 * 1024
 _PATTERN = bytes(range(251)) * (PIECE // 251 + 2)
 
-CONTROL_PATHS = frozenset({"/_stats", "/_reset", "/healthz", "/_health"})
+CONTROL_PATHS = frozenset({"/_stats", "/_reset", "/healthz", "/_health", "/_release"})
 RAW_PATHS = frozenset({"/hang", "/garbage", "/reset-mid-body"})
 
 
@@ -144,6 +147,8 @@ class Backend:
         self.stats = Stats()
         self.healthy = healthy
         self.health_hang = False
+        #: /hold requests waiting for their release, by key (several may share one).
+        self.held: dict[str, list[gevent.event.Event]] = {}
 
     # --- WSGI -------------------------------------------------------------------------
 
@@ -189,7 +194,17 @@ class Backend:
     def _control(self, path: str, environ: Environ, start_response: StartResponse) -> list[bytes]:
         q = _query(environ)
         if path == "/_stats":
-            return self._json(start_response, self.stats.as_dict() | {"healthy": self.healthy})
+            held = sorted(key for key, events in self.held.items() for _ in events)
+            return self._json(start_response, self.stats.as_dict() | {"healthy": self.healthy, "held": held})
+        if path == "/_release":
+            key = q.get("key", "*")
+            keys = list(self.held) if key == "*" else [key]
+            released = 0
+            for name in keys:
+                for event in self.held.pop(name, []):
+                    event.set()
+                    released += 1
+            return self._json(start_response, {"released": released})
         if path == "/_reset":
             self.stats.reset()
             return self._json(start_response, self.stats.as_dict())
@@ -214,6 +229,12 @@ class Backend:
             return self._sse(_int(q, "n", 5), _int(q, "gap_ms", 100), start_response)
         if path == "/echo" or path.startswith("/echo/"):
             return self._echo(environ, start_response)
+        if path == "/hold":
+            key = q.get("key", "")
+            event = gevent.event.Event()
+            self.held.setdefault(key, []).append(event)
+            event.wait()
+            return self._respond(start_response, 200, f"released {key} on {self.pod}\n".encode())
         if path == "/status":
             code = _int(q, "code", 200)
             return self._respond(start_response, code, f"status {code} from {self.pod}\n".encode())

@@ -21,7 +21,13 @@ What this module decides, and its rules:
   :func:`service_config`; "every count back to zero" is :func:`is_idle`
   (:meth:`Activator.wait_idle`).
 - HTTP clients use the stdlib ``http.client`` (blocking; use threads for concurrency,
-  e.g. :func:`concurrent_requests`). Nothing here imports or patches gevent.
+  e.g. :func:`concurrent_requests`); HTTP/2 on one connection is :class:`H2Client`
+  (the ``h2`` library, sans-IO, on a blocking socket), and :func:`curl` runs the
+  command line client. Nothing here imports or patches gevent.
+- Pods are ``tests/backend.py`` (:class:`Pod`) or, for other protocols, a module of
+  ``tests/pods/`` (:class:`ModulePod`); each records its own peak concurrency.
+- The access log (``access_log: true``, the activator's stdout) is read back parsed
+  (:meth:`Activator.access_log`, :meth:`Activator.wait_access`).
 """
 
 from __future__ import annotations
@@ -43,11 +49,15 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, NamedTuple, Protocol, Self, TypeVar, overload
 from urllib.parse import urlsplit
 
+import h2.config
+import h2.connection
+import h2.errors
+import h2.events
 import yaml
 
 TESTS_DIR = Path(__file__).resolve().parent
@@ -62,6 +72,9 @@ SERVICE = "api"
 
 T = TypeVar("T")
 Config = Mapping[str, Any] | str
+#: The types of conftest's ``activator_factory`` and ``pod_factory`` fixtures, for test signatures.
+ActivatorFactory = Callable[..., "Activator"]
+PodFactory = Callable[..., list["Pod"]]
 
 
 class HarnessError(AssertionError):
@@ -668,6 +681,190 @@ def json_request(target: str, method: str = "GET", path: str | None = None, time
     return resp.json()
 
 
+def curl(*args: str, timeout: float = DEFAULT_TIMEOUT) -> subprocess.CompletedProcess[str]:
+    """Run the ``curl`` command line client with ``args`` (silent but for errors, no proxy
+    from the environment, at most ``timeout`` seconds); text output. Its exit code is
+    the caller's to check (``result.returncode``)."""
+    return subprocess.run(
+        ["curl", "-sS", "--noproxy", "*", "--max-time", str(timeout), *args],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=timeout + 10,
+        check=False,
+    )
+
+
+@dataclass
+class H2Response:
+    """One HTTP/2 stream's answer as :class:`H2Client` saw it (``reset``: the stream was
+    reset by the server with that error code, or the connection ended first)."""
+
+    status: int | None = None
+    headers: list[tuple[str, str]] = field(default_factory=list)
+    body: bytes = b""
+    trailers: list[tuple[str, str]] = field(default_factory=list)
+    ended: bool = False
+    reset: int | None = None
+
+    def header(self, name: str) -> str | None:
+        """The first value of ``name`` in the head (lower-case names), else None."""
+        return next((v for n, v in self.headers if n == name.lower()), None)
+
+
+class H2Client(Closing):
+    """HTTP/2 with prior knowledge (h2c) on ONE connection, several streams at a time.
+
+    Built on the ``h2`` library (the protocol, sans-IO) over a blocking socket, with a
+    reader thread that applies what the server sends; the test opens streams
+    (:meth:`send`), resets them (:meth:`reset`) and waits for their answers
+    (:meth:`response`) in the order it chooses, which a command line client cannot do.
+    Flow-control windows are given back as data is read, so large bodies flow.
+    """
+
+    def __init__(self, target: str, timeout: float = DEFAULT_TIMEOUT, *, host: str | None = None) -> None:
+        h, port, _ = _split_target(target, "/")
+        self.authority = host or f"{h}:{port}"
+        self.timeout = timeout
+        self.sock = socket.create_connection((h, port), timeout=timeout)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.sock.settimeout(None)  # the reader blocks; close() ends it
+        self._conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding="utf-8"))
+        self._cond = threading.Condition()
+        self._streams: dict[int, H2Response] = {}
+        self.terminated: int | None = None  # GOAWAY's error code, or -1 once the connection closed
+        self._pings_acked: set[bytes] = set()
+        with self._cond:
+            self._conn.initiate_connection()
+            self._flush()
+        self._reader = threading.Thread(target=self._read, name="h2-client", daemon=True)
+        self._reader.start()
+
+    def _flush(self) -> None:
+        # Called with the condition held, so that frames go out in the order they were made.
+        data = self._conn.data_to_send()
+        if data:
+            self.sock.sendall(data)
+
+    def send(
+        self,
+        method: str = "GET",
+        path: str = "/",
+        headers: Iterable[tuple[str, str]] = (),
+        body: bytes | None = None,
+        *,
+        end_stream: bool = True,
+    ) -> int:
+        """Open a stream with this request; its stream id. ``body`` goes at once (within
+        the server's flow-control window); with ``end_stream=False`` the request stays
+        open for more body (:meth:`send_body`)."""
+        with self._cond:
+            stream_id: int = self._conn.get_next_available_stream_id()
+            head = [(":method", method), (":scheme", "http"), (":authority", self.authority), (":path", path)]
+            self._conn.send_headers(stream_id, [*head, *headers], end_stream=end_stream and not body)
+            if body:
+                self._conn.send_data(stream_id, body, end_stream=end_stream)
+            self._streams[stream_id] = H2Response()
+            self._flush()
+            return stream_id
+
+    def send_body(self, stream_id: int, data: bytes, *, end_stream: bool = True) -> None:
+        """More of an open request's body (``data`` within the flow-control window)."""
+        with self._cond:
+            self._conn.send_data(stream_id, data, end_stream=end_stream)
+            self._flush()
+
+    def reset(self, stream_id: int) -> None:
+        """RST_STREAM (CANCEL): the client gives up on that stream."""
+        with self._cond:
+            self._conn.reset_stream(stream_id, h2.errors.ErrorCodes.CANCEL)
+            self._flush()
+
+    def ping(self, timeout: float | None = None) -> None:
+        """PING, and wait for its ACK: every frame sent before it reached the server."""
+        timeout = self.timeout if timeout is None else timeout
+        with self._cond:
+            opaque = os.urandom(8)
+            self._conn.ping(opaque)
+            self._flush()
+            if not self._cond.wait_for(lambda: opaque in self._pings_acked or self.terminated is not None, timeout):
+                raise HarnessError(f"no PING ACK within {timeout}s")
+
+    def response(self, stream_id: int, timeout: float | None = None) -> H2Response:
+        """Wait until the stream ended (or was reset); its answer."""
+        timeout = self.timeout if timeout is None else timeout
+        with self._cond:
+            answer = self._streams[stream_id]
+            if not self._cond.wait_for(
+                lambda: answer.ended or answer.reset is not None or self.terminated is not None, timeout
+            ):
+                raise HarnessError(f"HTTP/2 stream {stream_id} not answered within {timeout}s: {answer}")
+            return answer
+
+    def head(self, stream_id: int, timeout: float | None = None) -> H2Response:
+        """Wait until the stream's response head came (or it ended); its answer so far."""
+        timeout = self.timeout if timeout is None else timeout
+        with self._cond:
+            answer = self._streams[stream_id]
+            done = self._cond.wait_for(
+                lambda: (
+                    answer.status is not None or answer.ended or answer.reset is not None or self.terminated is not None
+                ),
+                timeout,
+            )
+            if not done:
+                raise HarnessError(f"HTTP/2 stream {stream_id}: no head within {timeout}s")
+            return answer
+
+    def _read(self) -> None:
+        while True:
+            try:
+                data = self.sock.recv(65536)
+            except OSError:
+                data = b""
+            with self._cond:
+                if not data:
+                    self.terminated = -1 if self.terminated is None else self.terminated
+                    self._cond.notify_all()
+                    return
+                try:
+                    events = self._conn.receive_data(data)
+                    for ev in events:
+                        self._apply(ev)
+                    self._flush()
+                except Exception:  # a protocol error, or the socket closed under us
+                    self.terminated = -1
+                    self._cond.notify_all()
+                    return
+                self._cond.notify_all()
+
+    def _apply(self, ev: Any) -> None:
+        answer = self._streams.get(getattr(ev, "stream_id", 0) or 0)
+        if isinstance(ev, h2.events.ResponseReceived) and answer is not None:
+            answer.headers = [(str(n), str(v)) for n, v in ev.headers]
+            answer.status = int(dict(answer.headers)[":status"])
+        elif isinstance(ev, h2.events.DataReceived):
+            if answer is not None:
+                answer.body += ev.data
+            self._conn.acknowledge_received_data(ev.flow_controlled_length, ev.stream_id)
+        elif isinstance(ev, h2.events.TrailersReceived) and answer is not None:
+            answer.trailers = [(str(n), str(v)) for n, v in ev.headers]
+        elif isinstance(ev, h2.events.StreamEnded) and answer is not None:
+            answer.ended = True
+        elif isinstance(ev, h2.events.StreamReset) and answer is not None:
+            answer.reset = int(ev.error_code or 0)
+        elif isinstance(ev, h2.events.PingAckReceived):
+            self._pings_acked.add(bytes(ev.ping_data))
+        elif isinstance(ev, h2.events.ConnectionTerminated):
+            self.terminated = int(ev.error_code or 0)
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
+        self.sock.close()
+        self._reader.join(5.0)
+
+
 # --------------------------------------------------------------------------------------
 # waiting for a server
 
@@ -842,6 +1039,16 @@ class Pod(Closing):
         """Zero count, paths and request ids; the peak restarts from what is in flight."""
         json_request(self.address, "POST", "/_reset")
 
+    def release(self, key: str = "*") -> int:
+        """Let the ``/hold?key=`` requests of ``key`` (``*``: all) answer; how many were held."""
+        released: int = json_request(self.address, "POST", f"/_release?key={key}")["released"]
+        return released
+
+    def held(self) -> list[str]:
+        """The keys of the ``/hold`` requests the pod holds now (one entry per request)."""
+        keys: list[str] = self.stats()["held"]
+        return keys
+
     def set_health(self, ok: bool) -> None:
         """``/healthz`` answers 200 (ok) or 503."""
         json_request(self.address, "POST", f"/_health?ok={int(ok)}")
@@ -873,6 +1080,93 @@ def start_pods(n: int, *, fail_health: bool = False) -> list[Pod]:
             pod.close()
         raise
     return pods
+
+
+class ModulePod(Closing):
+    """A pod of the tests' own: ``python -m pods.NAME`` (a module of ``tests/pods/``) as a
+    subprocess on 127.0.0.1, for what ``tests/backend.py`` does not speak (WebSocket,
+    gRPC, a stream the test steps through).
+
+    The module prints ``READY <port> <control_port>`` once it listens; its control port
+    serves its own peak concurrency (``GET /_stats``: ``in_flight``, ``peak``, ``count``,
+    ``per`` name, arrival ``order``, ``notes``), ``POST /_reset`` and the module's own
+    actions (:meth:`control`). ``args`` go on its command line; output goes to files in
+    ``workdir`` (a temp dir removed at :meth:`close` when none is given).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *args: str,
+        workdir: str | os.PathLike[str] | None = None,
+        ready_timeout: float = 20.0,
+    ) -> None:
+        self.name = name
+        self._own_dir = workdir is None
+        self.dir = Path(workdir) if workdir is not None else Path(tempfile.mkdtemp(prefix=f"{name}-"))
+        self.dir.mkdir(parents=True, exist_ok=True)
+        argv = [sys.executable, "-m", f"pods.{name}", "--port", "0", "--control-port", "0", *args]
+        path = os.pathsep.join([str(TESTS_DIR), str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])
+        self.process = Process(
+            argv,
+            stdout_path=self.dir / "stdout",
+            stderr_path=self.dir / "stderr",
+            env={"PYTHONPATH": path.rstrip(os.pathsep)},
+            name=name,
+        )
+        try:
+            ready = self.process.wait_output(r"^READY (\d+) (\d+)$", timeout=ready_timeout)
+        except BaseException:
+            self.close()
+            raise
+        self.port = int(ready.group(1))
+        self.control_port = int(ready.group(2))
+
+    @property
+    def address(self) -> str:
+        """``127.0.0.1:PORT``, as the activator's config lists it."""
+        return f"{LOCALHOST}:{self.port}"
+
+    @property
+    def control_address(self) -> str:
+        return f"{LOCALHOST}:{self.control_port}"
+
+    def stats(self) -> dict[str, Any]:
+        """The pod's own count of its work (see the class docstring)."""
+        result: dict[str, Any] = json_request(self.control_address, "GET", "/_stats")
+        return result
+
+    def control(self, action: str, **query: str | int) -> Any:
+        """``POST /ACTION?key=value...`` on the control port; its JSON answer."""
+        qs = "&".join(f"{k}={v}" for k, v in query.items())
+        return json_request(self.control_address, "POST", f"/{action}" + (f"?{qs}" if qs else ""))
+
+    def wait_stats(self, predicate: Callable[[dict[str, Any]], Any], message: str = "") -> dict[str, Any]:
+        """Poll :meth:`stats` until ``predicate`` holds; those stats (fails if the pod exits)."""
+
+        def check() -> dict[str, Any] | None:
+            self.process.check_running(f"while waiting: {message}")
+            stats = self.stats()
+            return stats if predicate(stats) else None
+
+        return wait_until(check, message=lambda: f"{self.name}: {message}; stats {self.stats()}")
+
+    def is_running(self) -> bool:
+        return self.process.is_running()
+
+    def kill(self) -> None:
+        self.process.kill()
+
+    def close(self) -> None:
+        self.kill()
+        if self._own_dir:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    def log_text(self) -> str:
+        return self.process.output_tail()
+
+    def __repr__(self) -> str:
+        return f"ModulePod({self.name!r}, {getattr(self, 'port', None)})"
 
 
 # --------------------------------------------------------------------------------------
@@ -981,6 +1275,49 @@ def is_idle(status: Mapping[str, Any], service: str | None = None) -> bool:
     services = status["services"]
     chosen = services.values() if service is None else [services[service]]
     return all(s["in_flight"] == 0 and s["queued"] == 0 and all(p["in_flight"] == 0 for p in s["pods"]) for s in chosen)
+
+
+@dataclass(frozen=True)
+class AccessRecord:
+    """One access-log line: ``TIME CLIENT SERVICE POD STATUS REASON Tw= Tr= Tt= bytes=OUT
+    in=IN "METHOD TARGET"`` (``bytes``: body bytes to the client, a tunnel's pod-to-client
+    bytes; ``bytes_in``: request body bytes, a tunnel's client-to-pod bytes; None when the
+    line has no ``in=``)."""
+
+    service: str
+    pod: str
+    status: int
+    reason: str
+    bytes: int
+    bytes_in: int | None
+    method: str
+    target: str
+    line: str
+
+
+_ACCESS_LINE = re.compile(
+    r"^\S+ \S+ (?P<service>\S+) (?P<pod>\S+) (?P<status>\d{3}) (?P<reason>\S+) "
+    r"Tw=-?\d+ Tr=-?\d+ Tt=-?\d+ bytes=(?P<bytes>\d+)(?: in=(?P<bytes_in>\d+))? "
+    r'"(?P<method>\S+) (?P<target>[^"]*)"$'
+)
+
+
+def parse_access_line(line: str) -> AccessRecord | None:
+    """An access-log line as an :class:`AccessRecord` (None: not an access-log line)."""
+    m = _ACCESS_LINE.match(line.strip())
+    if m is None:
+        return None
+    return AccessRecord(
+        m["service"],
+        m["pod"],
+        int(m["status"]),
+        m["reason"],
+        int(m["bytes"]),
+        None if m["bytes_in"] is None else int(m["bytes_in"]),
+        m["method"],
+        m["target"],
+        line.strip(),
+    )
 
 
 class Activator(Closing):
@@ -1271,6 +1608,24 @@ class Activator(Closing):
 
     def output_tail(self, chars: int = 4000) -> str:
         return _tail("activator", self.stdout_path, self.stderr_path, chars)
+
+    def access_log(self) -> list[AccessRecord]:
+        """The access-log lines written so far (``access_log: true``), parsed."""
+        return [r for r in map(parse_access_line, self.stdout_text().splitlines()) if r is not None]
+
+    def wait_access(
+        self, predicate: Callable[[AccessRecord], Any], timeout: float = DEFAULT_TIMEOUT, message: str = ""
+    ) -> AccessRecord:
+        """Wait until an access-log line matches ``predicate``; the first such."""
+        process = self.process
+
+        def found() -> AccessRecord | None:
+            hit = next((r for r in self.access_log() if predicate(r)), None)
+            if hit is None:
+                process.check_running(f"while waiting for an access-log line: {message}")
+            return hit
+
+        return wait_until(found, timeout=timeout, message=lambda: f"access-log line: {message}\n{self.output_tail()}")
 
 
 def _host_port(address: str) -> tuple[str, int]:

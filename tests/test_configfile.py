@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from activator.configfile import load_config, parse_config_text
-from activator.core.config import Address, Config, PodConfig, ProbeConfig
+from activator.core.config import Address, Config, PodConfig, ProbeConfig, describe_config
 from activator.core.errors import ConfigError
 
 REPO = Path(__file__).resolve().parent.parent
@@ -475,3 +475,39 @@ def _check_text(text: str) -> None:
         assert error.line is None or 1 <= error.line <= len(text.splitlines()) + 1
     else:
         assert isinstance(result, Config)
+
+
+PEERS_YAML = """
+activators:
+  self: vm-a
+  secret_file: {path}
+  peers: {{vm-a: 10.0.0.1:8080, vm-b: 10.0.0.2:8080}}
+"""
+
+
+def test_the_secret_file_is_read_and_never_shown(tmp_path: Path) -> None:
+    secret = tmp_path / "peer.secret"
+    secret.write_text("  a-long-enough-secret-value\n")
+    config_file = tmp_path / "a.yaml"
+    config_file.write_text(PEERS_YAML.format(path=secret))
+    config = load_config(str(config_file))
+    assert config.activators is not None
+    assert config.activators.secret == "a-long-enough-secret-value"
+    assert "a-long-enough" not in repr(config) and "a-long-enough" not in describe_config(config)
+
+
+@pytest.mark.parametrize(
+    ("content", "fragment"),
+    [(None, "cannot read"), ("short\n", "at least 16 characters"), (b"\xff" * 20, "not UTF-8")],
+)
+def test_a_bad_secret_file_names_the_key(tmp_path: Path, content: str | bytes | None, fragment: str) -> None:
+    secret = tmp_path / "peer.secret"
+    if isinstance(content, bytes):
+        secret.write_bytes(content)
+    elif content is not None:
+        secret.write_text(content)
+    config_file = tmp_path / "a.yaml"
+    config_file.write_text(PEERS_YAML.format(path=secret))
+    with pytest.raises(ConfigError) as raised:
+        load_config(str(config_file))
+    assert raised.value.key == "activators.secret_file" and fragment in str(raised.value)

@@ -27,8 +27,8 @@ import ipaddress
 import math
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields, is_dataclass
-from typing import TypeVar
+from dataclasses import Field, dataclass, field, fields, is_dataclass
+from typing import Any, TypeVar
 
 from activator.core.errors import ConfigError
 
@@ -109,10 +109,26 @@ class TlsConfig:
     key: str
 
 
+#: How a secret value is shown in a diff or a description.
+HIDDEN = "(hidden)"
+
+#: The shortest shared secret accepted (``activators.secret`` / ``secret_file``).
+MIN_SECRET_LENGTH = 16
+
+
 @dataclass(frozen=True)
 class ActivatorsConfig:
     self_name: str
     peers: Mapping[str, Address]  # name -> address, includes self_name
+    #: The peers' shared secret, given inline (``secret``) or read by the shell from
+    #: ``secret_file`` (then filled in here); required with more than one peer.
+    secret: str | None = field(default=None, repr=False, metadata={"hidden": True})
+    secret_file: str | None = None
+    #: Each activator checks each peer this often, waiting this long for an answer; a
+    #: peer that does not answer ``unhealthy_after`` checks in a row is down.
+    interval: float = 1.0
+    timeout: float = 1.0
+    unhealthy_after: int = 3
 
 
 @dataclass(frozen=True)
@@ -156,7 +172,7 @@ _LIMITS_KEYS = (
     "max_body_bytes",
 )
 _STATSD_KEYS = ("address", "prefix", "tags")
-_ACTIVATORS_KEYS = ("self", "peers")
+_ACTIVATORS_KEYS = ("self", "peers", "secret", "secret_file", "interval", "timeout", "unhealthy_after")
 _SERVICE_KEYS = (
     "hosts",
     "container_concurrency",
@@ -505,7 +521,32 @@ class _Parser:
                 m.path("self"),
                 f"must be one of the peers ({', '.join(peers)}), got {_describe_value(self_name)}",
             )
-        return ActivatorsConfig(self_name=self_name, peers=peers)
+        secret = secret_file = None
+        if m.has("secret") and m.has("secret_file"):
+            raise self.fail(m.path("secret_file"), "give secret or secret_file, not both")
+        if m.has("secret"):
+            value = m.get("secret")
+            if not isinstance(value, str) or len(value.strip()) < MIN_SECRET_LENGTH:
+                raise self.fail(m.path("secret"), f"must be a string of at least {MIN_SECRET_LENGTH} characters")
+            secret = value.strip()
+        elif m.has("secret_file"):
+            secret_file = self.file_path(m.get("secret_file"), m.path("secret_file"))
+        elif len(peers) > 1:
+            raise self.fail(
+                path,
+                "secret or secret_file is required with more than one peer "
+                "(the peers prove themselves to each other with it)",
+            )
+        d = ActivatorsConfig(self_name, peers)
+        return ActivatorsConfig(
+            self_name=self_name,
+            peers=peers,
+            secret=secret,
+            secret_file=secret_file,
+            interval=m.duration("interval", d.interval, positive=True),
+            timeout=m.duration("timeout", d.timeout, positive=True),
+            unhealthy_after=m.integer("unhealthy_after", d.unhealthy_after, minimum=1),
+        )
 
     def services(self, value: object) -> dict[str, ServiceConfig]:
         """Every service; a host or a pod may belong to one service only."""
@@ -933,12 +974,19 @@ def _changes(prefix: str, old: object, new: object) -> list[Change]:
         before, after = getattr(old, f.name), getattr(new, f.name)
         if before == after:
             continue
+        if f.metadata.get("hidden"):  # never in a log line
+            changes.append(Change(name, HIDDEN, HIDDEN))
+            continue
         nested = is_dataclass(before) and type(before) is type(after) and not isinstance(before, Address)
         if nested:
             changes += _changes(f"{name}.", before, after)
         else:
             changes.append(Change(name, before, after))
     return changes
+
+
+def _shown_value(section: Any, f: Field[Any]) -> object:
+    return HIDDEN if f.metadata.get("hidden") else getattr(section, f.name)
 
 
 def _show(value: object) -> str:
@@ -954,7 +1002,9 @@ def _show(value: object) -> str:
     if isinstance(value, Mapping):
         return "{" + ", ".join(f"{key}: {_show(item)}" for key, item in value.items()) + "}"
     if is_dataclass(value) and not isinstance(value, (Address, type)):
-        shown = (f"{_YAML_NAMES.get(f.name, f.name)}: {_show(getattr(value, f.name))}" for f in fields(value))
+        shown = (
+            f"{_YAML_NAMES.get(f.name, f.name)}: {_show(_shown_value(value, f))}" for f in fields(value)
+        )
         return "{" + ", ".join(shown) + "}"
     return str(value)
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from .config import Config, ConfigDiff
 from .failures import FailureKind
+from .peering import Answer, PodCounts
 from .probes import Verdict
 
 
@@ -32,6 +33,8 @@ class ProbeReport:
     address: str
     verdict: Verdict
     detail: str = ""
+    #: How long the probe took, in seconds (None: not measured).
+    duration: float | None = None
 
 
 @dataclass(frozen=True)
@@ -45,7 +48,26 @@ class TransportFailure:
 
 @dataclass(frozen=True)
 class Tick:
-    """Time passed: drain timeouts, retired services."""
+    """Time passed: drain timeouts, retired services, hand-overs waited out."""
 
 
-Event = ConfigChanged | ProbeReport | TransportFailure | Tick
+@dataclass(frozen=True)
+class ViewReceived:
+    """A peer's (or a sibling worker's) check came in with its view of our shares."""
+
+    issuer: str  # a peer's name, or "worker N"
+    view: PodCounts
+
+
+@dataclass(frozen=True)
+class PeerChecked:
+    """Our check of ``peer`` (made at ``asked_at``, monotonic) got ``answer``, or none
+    (``error`` says why)."""
+
+    peer: str
+    asked_at: float
+    answer: Answer | None
+    error: str = ""
+
+
+Event = ConfigChanged | ProbeReport | TransportFailure | Tick | ViewReceived | PeerChecked

@@ -36,6 +36,7 @@ import enum
 import ipaddress
 import re
 from collections.abc import Sequence
+from http import HTTPStatus
 
 from .errors import (
     ActivatorError,
@@ -320,7 +321,9 @@ def client_framing(
         return BodyFraming.NONE if method == "HEAD" or status == 304 or tunnel else BodyFraming.LENGTH
     if pod_framing is BodyFraming.NONE or method == "HEAD" or status < 200 or status in BODILESS_STATUSES or tunnel:
         return BodyFraming.NONE
-    return BodyFraming.CHUNKED if client_version == "1.1" else BodyFraming.CLOSE
+    # HTTP/1.0 has no chunks: the end is the connection's. HTTP/2 frames as CHUNKED does
+    # (DATA frames, then trailers).
+    return BodyFraming.CLOSE if client_version == "1.0" else BodyFraming.CHUNKED
 
 
 def response_headers(
@@ -357,10 +360,17 @@ def relayed_trailers(trailers: Sequence[Header]) -> list[Header]:
     return [(name, value) for name, value in trailers if name.lower() not in RESPONSE_HOP_BY_HOP]
 
 
+def _standard_phrase(status: int) -> bytes:
+    try:
+        return HTTPStatus(status).phrase.encode("latin-1")
+    except ValueError:
+        return b""
+
+
 def status_line(status: int, reason: bytes | None = None) -> bytes:
     """``HTTP/1.1 <status> <reason>\\r\\n``; the pod's own reason phrase when given."""
-    if reason is None:
-        reason = REASON_PHRASES.get(status, b"")
+    if not reason:
+        reason = REASON_PHRASES.get(status) or _standard_phrase(status)
     return b"HTTP/1.1 %d %s\r\n" % (status, reason)
 
 

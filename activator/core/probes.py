@@ -60,3 +60,35 @@ def judge(outcome: ProbeOutcome, in_flight: int) -> Verdict:
     if outcome is ProbeOutcome.REFUSED or in_flight == 0:
         return Verdict.FAIL
     return Verdict.INCONCLUSIVE
+
+
+#: A probe of this path on an ``h2c`` service is a gRPC health check
+#: (``grpc.health.v1.Health/Check`` for the whole server, the empty service name).
+GRPC_HEALTH_PATH = "/grpc.health.v1.Health/Check"
+#: The request message: a gRPC length-prefixed frame holding an empty HealthCheckRequest.
+GRPC_HEALTH_REQUEST = b"\x00\x00\x00\x00\x00"
+_SERVING = 1
+
+
+def grpc_health_outcome(grpc_status: bytes | None, body: bytes) -> tuple[ProbeOutcome, str]:
+    """What a gRPC health check's answer means: passed only for status 0 and SERVING.
+
+    ``body``: the response's DATA (one length-prefixed HealthCheckResponse, whose field 1,
+    a varint, is the serving status). Read without a protobuf library: one field.
+    """
+    if grpc_status != b"0":
+        status = grpc_status.decode("latin-1") if grpc_status is not None else "missing"
+        return ProbeOutcome.BAD_STATUS, f"grpc-status {status}"
+    if len(body) < 5 or body[0] != 0:
+        return ProbeOutcome.BROKEN, "not an uncompressed gRPC message"
+    message = body[5 : 5 + int.from_bytes(body[1:5], "big")]
+    serving = None
+    index = 0
+    while index + 1 < len(message):
+        key, value = message[index], message[index + 1]
+        if key == 0x08 and value < 0x80:  # field 1, varint, one byte
+            serving = value
+        index += 2
+    if serving == _SERVING:
+        return ProbeOutcome.PASSED, ""
+    return ProbeOutcome.BAD_STATUS, f"health status {serving if serving is not None else 'unknown'}"

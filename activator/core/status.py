@@ -2,16 +2,89 @@
 
 Each worker reports its own view of every service (``/status`` of a single process);
 the activator's status is their merge, in the same shape: counts (in flight, queued,
-capacity, slots, requests) are summed, a pod's failure streak is the longest of them,
-its state is the one every worker sees or, when they differ, all of them joined with
-``/`` (``healthy/pending``), and ``forward_to`` is a peer only when every worker forwards
-the service to that peer (a worker forwarding to a sibling is internal). Pure.
+tunnels, capacity, slots, requests), totals, rates and histograms are summed, the
+oldest wait is the longest of them, a pod's failure streak is the longest of them, its
+last probe the most recent, its state is the one every worker sees or, when they
+differ, all of them joined with ``/`` (``healthy/pending``), and ``forward_to`` is a
+peer only when every worker forwards the service to that peer (a worker forwarding to
+a sibling is internal). Reload counts are summed (only one worker counts them). Pure.
 """
 
 from __future__ import annotations
 
 import copy
 from typing import Any
+
+#: Service fields summed over the workers (numbers, or nested dicts and lists of them).
+SUMMED_SERVICE_FIELDS = ("in_flight", "queued", "tunnels", "borrowed", "requests_per_second")
+NESTED_SERVICE_FIELDS = ("per_second", "totals", "latency_seconds", "queue_wait_seconds")
+#: Pod fields summed over the workers.
+SUMMED_POD_FIELDS = ("in_flight", "requests", "failures_total", "requests_per_second")
+
+
+def add_into(into: Any, value: Any) -> Any:
+    """``into + value`` for numbers, dicts (key-wise, a missing key counting as 0) and
+    lists (element-wise), nested; ``bounds`` lists, the same for every worker, are kept."""
+    if isinstance(into, dict) and isinstance(value, dict):
+        for key, item in value.items():
+            if key == "bounds":
+                into.setdefault(key, item)
+            elif key in into:
+                into[key] = add_into(into[key], item)
+            else:
+                into[key] = copy.deepcopy(item)
+        return into
+    if isinstance(into, list) and isinstance(value, list):
+        return [add_into(a, b) for a, b in zip(into, value, strict=False)]
+    if isinstance(into, int | float) and isinstance(value, int | float):
+        total = into + value
+        return round(total, 6) if isinstance(total, float) else total
+    return into
+
+
+def _merge_pod(seen: dict[str, Any], pod: dict[str, Any]) -> None:
+    seen["states"].append(pod["state"])
+    for key in SUMMED_POD_FIELDS:
+        seen[key] = add_into(seen.get(key, 0), pod.get(key, 0))
+    seen["failures"] = max(seen["failures"], pod["failures"])
+    seen["slots"] = None if seen["slots"] is None or pod["slots"] is None else seen["slots"] + pod["slots"]
+    seen["transport_failures"] = add_into(seen.get("transport_failures", {}), pod.get("transport_failures", {}))
+    probe = pod.get("last_probe")
+    if probe is not None:
+        last = seen.get("last_probe")
+        if last is None or probe["seconds_ago"] < last["seconds_ago"]:
+            seen["last_probe"] = probe
+
+
+def _merge_service(into: dict[str, Any] | None, service: dict[str, Any]) -> dict[str, Any]:
+    if into is None:
+        into = copy.deepcopy(service)
+        into["pods"] = {}
+        for key in ("capacity", *SUMMED_SERVICE_FIELDS):
+            into[key] = 0
+        for key in NESTED_SERVICE_FIELDS:
+            into[key] = {}
+        into["oldest_wait_seconds"] = 0.0
+        into["forward_to"] = None
+    for key in SUMMED_SERVICE_FIELDS:
+        into[key] = add_into(into[key], service.get(key, 0))
+    for key in NESTED_SERVICE_FIELDS:
+        into[key] = add_into(into[key], service.get(key, {}))
+    into["oldest_wait_seconds"] = max(into["oldest_wait_seconds"], service.get("oldest_wait_seconds", 0.0))
+    if into["capacity"] is None or service["capacity"] is None:
+        into["capacity"] = None
+    else:
+        into["capacity"] += service["capacity"]
+    for pod in service["pods"]:
+        seen = into["pods"].get(pod["address"])
+        if seen is None:
+            seen = into["pods"][pod["address"]] = dict(
+                pod, states=[], in_flight=0, slots=0, requests=0, failures_total=0, transport_failures={}
+            )
+            seen["requests_per_second"] = 0.0
+            seen["last_probe"] = None
+        _merge_pod(seen, pod)
+    return into
 
 
 def merge_worker_statuses(statuses: list[dict[str, Any]]) -> dict[str, Any]:
@@ -20,31 +93,14 @@ def merge_worker_statuses(statuses: list[dict[str, Any]]) -> dict[str, Any]:
     merged["ready"] = all(s["ready"] for s in statuses)
     merged["worker"] = {"count": len(statuses)}
     merged["workers"] = [{"index": s["worker"]["index"], "ready": s["ready"]} for s in statuses]
+    reloads: dict[str, Any] = {}
+    for status in statuses:
+        reloads = add_into(reloads, status.get("reloads", {}))
+    merged["reloads"] = {"ok": 0, "failed": 0, **reloads}
     services: dict[str, Any] = {}
     for status in statuses:
         for name, service in status["services"].items():
-            into = services.get(name)
-            if into is None:
-                into = services[name] = copy.deepcopy(service)
-                into["pods"] = {}
-                for key in ("capacity", "in_flight", "queued"):
-                    into[key] = 0
-                into["forward_to"] = None
-            for key in ("in_flight", "queued"):
-                into[key] += service[key]
-            if into["capacity"] is None or service["capacity"] is None:
-                into["capacity"] = None
-            else:
-                into["capacity"] += service["capacity"]
-            for pod in service["pods"]:
-                seen = into["pods"].get(pod["address"])
-                if seen is None:
-                    seen = into["pods"][pod["address"]] = dict(pod, states=[], in_flight=0, slots=0, requests=0)
-                seen["states"].append(pod["state"])
-                seen["in_flight"] += pod["in_flight"]
-                seen["requests"] += pod["requests"]
-                seen["failures"] = max(seen["failures"], pod["failures"])
-                seen["slots"] = None if seen["slots"] is None or pod["slots"] is None else seen["slots"] + pod["slots"]
+            services[name] = _merge_service(services.get(name), service)
     for name, service in services.items():
         # The activator forwards a service when none of its workers owns a slot of it:
         # every worker then names the same peer (a worker forwarding to a sibling is

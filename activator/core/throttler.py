@@ -22,9 +22,19 @@ more than its own request returns ``Effects``: the waiters it handed a slot to (
 redirected), which the shell wakes, and the pod state changes, which the shell logs and
 counts. ``NO_EFFECTS`` when nothing happened. The shell acts after the call returned.
 
-Who calls what: request greenlets ``acquire``, ``acquire_retry``, ``abandon`` and
-``release``; everything else (``apply``, ``probe_result``, ``record_failure``,
-``tick``, ``redirect_waiters``) is topology, applied by the one topology writer.
+**Shared mode** (``workers: N > 1``, see ``core.slotexchange``): the activator's one
+queue is the supervisor's, not this throttler's. A request is served here only when the
+service is not *contended* (nobody of it waits anywhere) and a slot is free
+(``acquire_here``); otherwise the shell queues it at the exchange. While contended, every
+slot that is free or frees is *lent* (held, in ``Effects.lent``) for the shell to offer
+the exchange, which gives it back (``release``) when nobody wants it. So, here as
+above: while anyone of the service waits, no pod has a free slot.
+
+Who calls what: request greenlets (and, in shared mode, the exchange's reader)
+``acquire``, ``acquire_here``, ``acquire_retry``, ``retry_here``, ``abandon``,
+``release``, ``set_contended``, ``reserve``, ``reclaim``, ``borrow`` and ``give_back``;
+everything else (``apply``, ``probe_result``, ``record_failure``, ``tick``,
+``redirect_waiters``) is topology, applied by the one topology writer.
 """
 
 from __future__ import annotations
@@ -64,6 +74,18 @@ class Transition:
     reason: str
 
 
+def _last_probe(last: tuple[str, float | None, float] | None, now: float) -> dict[str, Any] | None:
+    """A tracker's last probe as /status shows it (None: never probed)."""
+    if last is None:
+        return None
+    result, duration, at = last
+    return {
+        "result": result,
+        "duration_seconds": None if duration is None else round(duration, 6),
+        "seconds_ago": round(now - at, 3),
+    }
+
+
 class PodTracker:
     """One pod as this activator sees it. Outlives config reloads (keyed by address)."""
 
@@ -81,6 +103,8 @@ class PodTracker:
         "failures",
         "requests",
         "failure_counts",
+        "failures_total",
+        "last_probe",
     )
 
     def __init__(self, address: str, rank: int, now: float) -> None:
@@ -100,6 +124,9 @@ class PodTracker:
         self.requests = 0  # grants ever made
         # (kind, whether the pod was healthy when it failed) -> count
         self.failure_counts: dict[tuple[FailureKind, bool], int] = {}
+        self.failures_total = 0  # transport failures on real traffic, ever (every kind)
+        # The last probe reported: (result text, its duration in seconds or None, when).
+        self.last_probe: tuple[str, float | None, float] | None = None
 
     @property
     def wanted(self) -> bool:
@@ -116,13 +143,16 @@ class PodTracker:
 class Grant:
     """A slot held on one pod; give it back with ``ServiceThrottler.release`` exactly once."""
 
-    __slots__ = ("pod", "queued", "released", "tunnel")
+    __slots__ = ("lent", "pod", "queued", "released", "tunnel")
 
     def __init__(self, pod: PodTracker) -> None:
         self.pod = pod
         self.released = False
         self.queued = False  # handed over to a waiter (rather than granted on arrival)
         self.tunnel = False  # it became a tunnel (an upgrade the pod accepted)
+        # Held for the activator's slot exchange (shared mode): lent to whichever worker's
+        # waiter it goes to, and released when the exchange gives it back.
+        self.lent = False
 
 
 class Waiter:
@@ -142,19 +172,29 @@ class Waiter:
 
 
 class Effects:
-    """What a core call changed beyond its own request: for the shell to act on."""
+    """What a core call changed beyond its own request: for the shell to act on.
 
-    __slots__ = ("transitions", "woken")
+    ``lent``: slots held for the activator's slot exchange (shared mode), each with its
+    service's throttler, to offer the exchange.
+    """
 
-    def __init__(self, woken: list[Waiter] | tuple[()] = (), transitions: list[Transition] | tuple[()] = ()) -> None:
+    __slots__ = ("lent", "transitions", "woken")
+
+    def __init__(
+        self,
+        woken: list[Waiter] | tuple[()] = (),
+        transitions: list[Transition] | tuple[()] = (),
+        lent: list[tuple[ServiceThrottler, Grant]] | tuple[()] = (),
+    ) -> None:
         self.woken = woken
         self.transitions = transitions
+        self.lent = lent
 
     def __bool__(self) -> bool:
-        return bool(self.woken or self.transitions)
+        return bool(self.woken or self.transitions or self.lent)
 
     def __repr__(self) -> str:
-        return f"<Effects woken={len(self.woken)} transitions={list(self.transitions)}>"
+        return f"<Effects woken={len(self.woken)} lent={len(self.lent)} transitions={list(self.transitions)}>"
 
 
 NO_EFFECTS = Effects()
@@ -163,21 +203,23 @@ NO_EFFECTS = Effects()
 class EffectsCollector:
     """Effects of many core calls, gathered into one (without copying at each step)."""
 
-    __slots__ = ("_transitions", "_woken")
+    __slots__ = ("_lent", "_transitions", "_woken")
 
     def __init__(self) -> None:
         self._woken: list[Waiter] = []
         self._transitions: list[Transition] = []
+        self._lent: list[tuple[ServiceThrottler, Grant]] = []
 
     def add(self, effects: Effects) -> None:
         if effects:
             self._woken.extend(effects.woken)
             self._transitions.extend(effects.transitions)
+            self._lent.extend(effects.lent)
 
     def result(self) -> Effects:
-        if not self._woken and not self._transitions:
+        if not self._woken and not self._transitions and not self._lent:
             return NO_EFFECTS
-        return Effects(self._woken, self._transitions)
+        return Effects(self._woken, self._transitions, self._lent)
 
 
 class ServiceThrottler:
@@ -190,8 +232,16 @@ class ServiceThrottler:
         *,
         owned: Mapping[str, int] | None = None,
         rng: random.Random | None = None,
+        sharing: bool = False,
     ) -> None:
         self.name = config.name
+        #: One of several workers: limited services are in shared mode (unlimited ones,
+        #: container_concurrency 0, have no slot to lend and queue per worker).
+        self.sharing = sharing
+        #: In shared mode (see the module docstring).
+        self.shared = False
+        #: Shared mode: someone of this service waits at the exchange.
+        self.contended = False
         self.config = config
         self._rng = rng
         self.trackers: dict[str, PodTracker] = {}
@@ -199,8 +249,11 @@ class ServiceThrottler:
         self._queue: OrderedDict[Waiter, None] = OrderedDict()
         # Invariant: equals the sum of the trackers' in_flight.
         self.in_flight = 0
-        # Invariant: the unreleased grants that became tunnels (each is also in in_flight).
+        # Invariant: the unreleased grants that became tunnels (each is also in in_flight),
+        # and the borrowed slots' requests that did.
         self.tunnels = 0
+        # Shared mode: requests running here on slots lent by siblings.
+        self.borrowed = 0
         self.policy: Policy = make_policy(config.lb_policy, config.container_concurrency, rng)
         self._draining: set[str] = set()
         self._capacity: int | None = 0
@@ -208,6 +261,7 @@ class ServiceThrottler:
         # The outbox of the call under way (see "Effects out").
         self._woken: list[Waiter] = []
         self._transitions: list[Transition] = []
+        self._lent: list[tuple[ServiceThrottler, Grant]] = []
         self.initial_effects = self._apply(None, config, now, owned)
 
     # -- the request path -------------------------------------------------------
@@ -223,6 +277,82 @@ class ServiceThrottler:
         waiter = Waiter(now)
         self._queue[waiter] = None
         return waiter
+
+    def acquire_here(self) -> Grant | None:
+        """Shared mode: a slot now, unless the service is contended or none is free (the
+        shell then queues the request at the exchange). Never has effects."""
+        if self.contended:
+            return None
+        pod = self.policy.pick()
+        return self._grant(pod) if pod is not None else None
+
+    def retry_here(self, failed: Grant, now: float) -> tuple[Grant | None, Effects]:
+        """Shared mode ``acquire_retry``: another free pod's slot, or None (queue at the
+        exchange); ``failed`` is given back after the choice."""
+        if failed.released:
+            raise InvariantViolation(f"retry of a grant on {failed.pod.address} given back already")
+        excluded = failed.pod
+        was_available = excluded in self.policy
+        if was_available:
+            self.policy.discard(excluded)
+        pod = self.policy.pick() if not self.contended else None
+        if was_available:
+            self._refresh(excluded)
+        grant = self._grant(pod) if pod is not None else None
+        self._release(failed, now, answered=False)
+        return grant, self._effects()
+
+    def set_contended(self, contended: bool) -> Effects:
+        """Shared mode: the exchange has waiters of this service (lend every free slot) or none."""
+        self.contended = contended and self.shared
+        self._dispatch()
+        return self._effects()
+
+    def reserve(self, address: str) -> Grant:
+        """Shared mode, at start: a slot of this worker's previous incarnation still lent out.
+
+        Held (and counted in flight) until the exchange gives it back, even beyond the
+        pod's limit here: the request on it runs.
+        """
+        tracker = self.trackers.get(address)
+        if tracker is None:
+            tracker = self.trackers[address] = PodTracker(address, 0, 0.0)
+            tracker.listed = False
+            tracker.state = REMOVED
+        tracker.in_flight += 1
+        self.in_flight += 1
+        self._refresh(tracker)
+        grant = Grant(tracker)
+        grant.lent = True
+        return grant
+
+    def reclaim(self, grant: Grant) -> None:
+        """Shared mode: a slot of ours, lent to the exchange, came back to a request of ours."""
+        if not grant.lent or grant.released:
+            raise InvariantViolation(f"reclaim of a grant on {grant.pod.address} that was not lent")
+        grant.lent = False
+        grant.queued = True
+        grant.pod.requests += 1
+
+    def borrow(self, address: str) -> None:
+        """Shared mode: a request runs here on a slot lent by a sibling (counted per pod;
+        its slot is counted in flight by its owner)."""
+        self.borrowed += 1
+        tracker = self.trackers.get(address)
+        if tracker is not None:
+            tracker.requests += 1
+
+    def borrowed_tunnel(self) -> None:
+        """The borrowed slot's request became a tunnel."""
+        self.tunnels += 1
+
+    def give_back(self, tunnel: bool) -> None:
+        """The request on a borrowed slot ended (``tunnel``: it had become one)."""
+        if self.borrowed <= 0 or (tunnel and self.tunnels <= 0):
+            raise InvariantViolation("a borrowed slot given back that was not borrowed")
+        self.borrowed -= 1
+        if tunnel:
+            self.tunnels -= 1
 
     def acquire_retry(self, failed: Grant, now: float) -> tuple[Grant | Waiter, Effects]:
         """A second slot for a request whose connection to ``failed.pod`` failed.
@@ -288,6 +418,7 @@ class ServiceThrottler:
             return NO_EFFECTS
         key = (kind, pod.state is HEALTHY)
         pod.failure_counts[key] = pod.failure_counts.get(key, 0) + 1
+        pod.failures_total += 1
         if kind.counts_toward_ejection:
             pod.failures += 1
             probe = self.config.probe
@@ -310,17 +441,19 @@ class ServiceThrottler:
         Called when this process stops owning any slot of the service (a peer or a
         worker took them over): its waiters could only time out here.
         """
-        queue = self._queue
-        while queue:
-            waiter, _ = queue.popitem(last=False)
-            waiter.redirected = True
-            self._woken.append(waiter)
+        self._redirect_all()
         return self._effects()
 
-    def probe_result(self, address: str, verdict: Verdict, now: float, detail: str = "") -> Effects:
-        """One active probe's verdict. Probes only judge pending and healthy pods."""
+    def probe_result(
+        self, address: str, verdict: Verdict, now: float, detail: str = "", duration: float | None = None
+    ) -> Effects:
+        """One active probe's verdict (and how long it took). Probes only judge pending
+        and healthy pods; the last one is kept for /status whatever the pod's state."""
         tracker = self.trackers.get(address)
         probe = self.config.probe
+        if tracker is not None:
+            result = verdict.value + (f": {detail}" if detail and verdict is not Verdict.PASS else "")
+            tracker.last_probe = (result, duration, now)
         if tracker is None or probe is None or tracker.state not in (PENDING, HEALTHY):
             return NO_EFFECTS
         if verdict is Verdict.PASS:
@@ -395,6 +528,8 @@ class ServiceThrottler:
                     "drain": tracker.drain,
                     "requests": tracker.requests,
                     "seconds_in_state": round(now - tracker.since, 3),
+                    "failures_total": tracker.failures_total,
+                    "last_probe": _last_probe(tracker.last_probe, now),
                     "transport_failures": {
                         f"{kind.value}.{'healthy' if healthy else 'unhealthy'}": n
                         for (kind, healthy), n in sorted(
@@ -410,6 +545,7 @@ class ServiceThrottler:
             "capacity": self.capacity,
             "in_flight": self.in_flight,
             "tunnels": self.tunnels,
+            "borrowed": self.borrowed,
             "queued": len(self._queue),
             "queue_depth": self.config.queue_depth,
             "oldest_wait_seconds": round(self.oldest_wait(now), 3),
@@ -427,13 +563,17 @@ class ServiceThrottler:
             self._fail(f"in_flight {self.in_flight} != sum over pods {total}")
         if len(self.policy) != sum(1 for t in self.trackers.values() if t.can_take()):
             self._fail("policy holds pods that are not tracked")
-        if not 0 <= self.tunnels <= self.in_flight:
+        if not 0 <= self.tunnels <= self.in_flight + self.borrowed:
             self._fail(f"{self.tunnels} tunnels with {self.in_flight} in flight")
         if self._queue and len(self.policy):
             self._fail(f"{len(self._queue)} waiting while a pod has a free slot")
+        if self.contended and len(self.policy):
+            self._fail("contended while a pod has a free slot (it should be lent)")
+        if self._queue and self.shared:
+            self._fail("a local queue in shared mode")
         if any(waiter.grant is not None for waiter in self._queue):
             self._fail("a queued waiter already holds a grant")
-        if self._woken or self._transitions:
+        if self._woken or self._transitions or self._lent:
             self._fail("effects left in the outbox after a call")
 
     def _check_tracker(self, address: str, t: PodTracker) -> None:
@@ -461,18 +601,21 @@ class ServiceThrottler:
 
     def _effects(self) -> Effects:
         """Empty the outbox into the call's result."""
-        woken, transitions = self._woken, self._transitions
-        if not woken and not transitions:
+        woken, transitions, lent = self._woken, self._transitions, self._lent
+        if not woken and not transitions and not lent:
             return NO_EFFECTS
+        if lent:
+            self._lent = []
         self._woken, self._transitions = [], []
-        return Effects(woken, transitions)
+        return Effects(woken, transitions, lent)
 
-    def _grant(self, pickable: Pickable) -> Grant:
+    def _grant(self, pickable: Pickable, request: bool = True) -> Grant:
         pod = self.trackers[pickable.address]
         if not pod.can_take():
             raise InvariantViolation(f"grant on {pod.address} ({pod.state.value}, {pod.in_flight}/{pod.slots})")
         pod.in_flight += 1
-        pod.requests += 1
+        if request:
+            pod.requests += 1
         self.in_flight += 1
         if pod.slots is not None and pod.in_flight >= pod.slots:
             self.policy.discard(pod)
@@ -496,7 +639,14 @@ class ServiceThrottler:
         self._dispatch()
 
     def _dispatch(self) -> None:
-        """Hand free slots to the oldest waiters, as many as there are free slots."""
+        """Hand free slots to the oldest waiters, as many as there are free slots (shared
+        mode: to the exchange, while contended)."""
+        if self.contended:
+            while (pod := self.policy.pick()) is not None:
+                grant = self._grant(pod, request=False)
+                grant.lent = True
+                self._lent.append((self, grant))
+            return
         queue = self._queue
         while queue:
             pod = self.policy.pick()
@@ -505,6 +655,13 @@ class ServiceThrottler:
             waiter, _ = queue.popitem(last=False)
             grant = waiter.grant = self._grant(pod)
             grant.queued = True
+            self._woken.append(waiter)
+
+    def _redirect_all(self) -> None:
+        queue = self._queue
+        while queue:
+            waiter, _ = queue.popitem(last=False)
+            waiter.redirected = True
             self._woken.append(waiter)
 
     def _refresh(self, tracker: PodTracker) -> None:
@@ -521,6 +678,14 @@ class ServiceThrottler:
         self.config = config
         self._capacity_stale = True
         cc = config.container_concurrency
+        shared = self.sharing and cc > 0
+        if shared != self.shared:
+            # Into shared mode, local waiters go to the exchange (the shell re-queues
+            # redirected waiters there); out of it, nothing is lent any more.
+            self.shared = shared
+            self.contended = False
+            if shared:
+                self._redirect_all()
         if resolve_lb_policy(config.lb_policy, cc) != self.policy.name:
             self.policy = make_policy(config.lb_policy, cc, self._rng)
         for change in pod_changes(old, config):

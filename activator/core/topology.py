@@ -6,8 +6,10 @@ process owns none (or no usable one) of its service's slots (``forward_target``,
 (``apply``: as a diff; trackers and queues survive).
 
 It is the state the one topology writer changes: configuration changes, probe verdicts,
-transport failures and the periodic tick arrive as events (``core.events``) and are
-applied by ``handle``, from one greenlet of the shell. Requests only call ``route``, then
+transport failures, the peers' checks and answers (``core.fleet``: shares, views,
+hand-overs, peer health) and the periodic tick arrive as events (``core.events``) and
+are applied by ``handle``, from one greenlet of the shell. Waiters of a service this
+activator cannot serve now while a peer can are redirected there. Requests only call ``route``, then
 their throttler's acquire and release. Nothing here yields; every change returns its
 ``Effects`` for the shell to act on.
 """
@@ -17,13 +19,12 @@ from __future__ import annotations
 import dataclasses
 import random
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
-from . import slots as slot_division
 from .config import Config, ConfigDiff, ServiceConfig, normalize_host
-from .errors import UnknownHost
-from .events import ConfigChanged, Event, ProbeReport, Tick, TransportFailure
+from .errors import PeerUnavailable, UnknownHost
+from .events import ConfigChanged, Event, PeerChecked, ProbeReport, Tick, TransportFailure, ViewReceived
+from .fleet import Fleet, Forward
 from .throttler import NO_EFFECTS, Effects, EffectsCollector, ServiceThrottler
 
 #: Peer hops a request may take: the second only happens while activators disagree
@@ -31,19 +32,16 @@ from .throttler import NO_EFFECTS, Effects, EffectsCollector, ServiceThrottler
 MAX_PEER_HOPS = 2
 
 
-def may_forward(marker: str | None, kind: str) -> bool:
-    """Whether a request whose hops so far are ``marker`` may go on to a ``kind``.
+def may_forward(marker: str | None) -> bool:
+    """Whether a request whose hops so far are ``marker`` may go on to a peer.
 
-    ``marker`` is its ``X-Activator-Forwarded`` value (``"peer vm-a, worker 1"``). A
+    ``marker`` is its ``X-Activator-Forwarded`` value (``"peer vm-a, peer vm-b"``). A
     request goes to an owner of the service's slots in one hop. While two activators'
     files differ, the peer it was sent to may no longer own a slot and know the new
-    owner: a second peer hop is allowed, never a third, so a disagreement cannot loop. A
-    request from a sibling worker goes nowhere else.
+    owner: a second peer hop is allowed, never a third, so a disagreement cannot loop.
     """
     hops = [hop.split()[0] for hop in marker.split(",") if hop.strip()] if marker else []
-    if "worker" in hops:
-        return False
-    return kind == "worker" or hops.count("peer") < MAX_PEER_HOPS
+    return hops.count("peer") < MAX_PEER_HOPS
 
 
 #: Distinct Host headers remembered by ``route`` before the memo starts over.
@@ -70,8 +68,11 @@ class Topology:
         self.services: dict[str, ServiceThrottler] = {}
         self._by_host: dict[str, ServiceThrottler] = {}
         self._catch_all: ServiceThrottler | None = None
-        self._forwards: dict[str, Forward] = {}
-        self._fallbacks: dict[str, Forward] = {}
+        #: This process among the other holders of the pods' slots (``core.fleet``).
+        self.fleet = Fleet(worker_index, max(1, len(self.workers)))
+        #: ``workers: N``: the activator's usable slots per service, summed over the
+        #: workers (the shell keeps it from the slot exchange); unknown counts as some.
+        self.activator_capacity: dict[str, int] = {}
         # Host header as received -> service (None: unknown), rebuilt on every apply.
         self._route_cache: dict[str, ServiceThrottler | None] = {}
         self.config = config
@@ -108,25 +109,24 @@ class Topology:
         if diff is not None and not diff.peers_changed:
             only = {service.name for service in diff.services}
         self.config = config
+        self.fleet.configure(config, now)
         effects = EffectsCollector()
         for name, service_config in config.services.items():
             if only is not None and name not in only and name in self.services:
                 continue
-            owned, forward, fallback = self._division(service_config)
-            _set_or_drop(self._forwards, name, forward)
-            _set_or_drop(self._fallbacks, name, fallback)
+            owned = self.fleet.follow(service_config, now, grace=config.grace_period)
             throttler = self.services.get(name)
             if throttler is None:
-                throttler = self.services[name] = ServiceThrottler(service_config, now, owned=owned, rng=self._rng)
+                throttler = self.services[name] = ServiceThrottler(
+                    service_config, now, owned=owned, rng=self._rng, sharing=len(self.workers) > 1
+                )
                 effects.add(throttler.initial_effects)
             else:
                 effects.add(throttler.apply(service_config, now, owned))
-                if forward is not None:
-                    effects.add(throttler.redirect_waiters())
+                effects.add(self._redirect_if_elsewhere(name))
         for name, throttler in list(self.services.items()):
             if name not in config.services:
-                self._forwards.pop(name, None)
-                self._fallbacks.pop(name, None)
+                self.fleet.forget(name)
                 # Its pods drain under its own settings (drain_timeout among them).
                 retired = dataclasses.replace(throttler.config, hosts=(), pods=())
                 effects.add(throttler.apply(retired, now, {}))
@@ -146,75 +146,85 @@ class Topology:
         """Apply one topology event (the writer's only call). Does not yield."""
         if isinstance(event, TransportFailure):
             throttler = self.services.get(event.service)
-            return NO_EFFECTS if throttler is None else throttler.record_failure(event.address, event.kind, now)
+            if throttler is None:
+                return NO_EFFECTS
+            effects = throttler.record_failure(event.address, event.kind, now)
+            return _then(effects, self._redirect_if_elsewhere(event.service))
         if isinstance(event, ProbeReport):
             throttler = self.services.get(event.service)
             if throttler is None:
                 return NO_EFFECTS
-            return throttler.probe_result(event.address, event.verdict, now, event.detail)
+            effects = throttler.probe_result(event.address, event.verdict, now, event.detail, event.duration)
+            return _then(effects, self._redirect_if_elsewhere(event.service))
         if isinstance(event, Tick):
             return self.tick(now)
         if isinstance(event, ConfigChanged):
             return self.apply(event.config, now, event.diff)
+        if isinstance(event, ViewReceived):
+            services = [self.config.services[name] for name in self.config.services]
+            return self._reapply(self.fleet.view_received(event.issuer, event.view, services, now), now)
+        if isinstance(event, PeerChecked):
+            released = self.fleet.checked(event.peer, event.asked_at, event.answer, event.error, now)
+            collected = EffectsCollector()
+            collected.add(self._reapply(released, now))
+            if event.answer is not None:  # a peer with usable slots again: stranded waiters go there
+                for name in self.services:
+                    collected.add(self._redirect_if_elsewhere(name))
+            return collected.result()
         raise TypeError(f"not a topology event: {event!r}")
 
+    def _reapply(self, names: Collection[str], now: float) -> Effects:
+        """The services whose usable shares changed (a view, a hand-over released)."""
+        effects = EffectsCollector()
+        for name in names:
+            throttler = self.services.get(name)
+            config = self.config.services.get(name)
+            if throttler is not None and config is not None:
+                effects.add(throttler.apply(config, now, self.fleet.usable(name)))
+                effects.add(self._redirect_if_elsewhere(name))
+        return effects.result()
+
+    def _redirect_if_elsewhere(self, name: str) -> Effects:
+        """Waiters of a service that this activator cannot serve now, while a peer can,
+        go there (the shell forwards redirected waiters)."""
+        throttler = self.services[name]
+        if not throttler.queued:
+            return NO_EFFECTS
+        try:
+            target = self.forward_target(name)
+        except PeerUnavailable:
+            return NO_EFFECTS  # they wait here: the owners may come back
+        return throttler.redirect_waiters() if target is not None else NO_EFFECTS
+
     def owned_slots(self, service: ServiceConfig) -> Mapping[str, int] | None:
-        """Slots of each pod owned by this process; None when it owns them all."""
-        return self._division(service)[0]
+        """Slots of each pod this process may use now; None when it may use them all."""
+        return self.fleet.usable(service.name)
 
     def forward_target(self, service: str) -> Forward | None:
         """Where to send a request of ``service`` instead of queueing it here, or None.
 
-        To an owner when this process owns none of the service's slots (fewer slots
-        than activators or workers); to another owner when it owns some but none can
-        be used now (its pods pending or draining): no process is a black hole for a
-        service that has a usable slot elsewhere.
+        To an owner that is up when this activator owns none of the service's slots
+        (fewer slots than activators; raises PeerUnavailable when every owner is down);
+        to an owner that reported usable slots when this activator owns some but can use
+        none now (its pods pending or draining): no activator is a black hole for a
+        service that has a usable slot elsewhere. Workers never forward to each other
+        (``core.slotexchange``).
         """
-        forward = self._forwards.get(service)
-        if forward is None and self._fallbacks and self.services[service].capacity == 0:
-            forward = self._fallbacks.get(service)
-        return forward
+        return self.fleet.forward_target(service, self._own_capacity_spent(service))
 
-    def _division(self, service: ServiceConfig) -> tuple[Mapping[str, int] | None, Forward | None, Forward | None]:
-        """(slots owned by this process, where to forward when it owns none, where to
-        forward when none of its own slots can be used now).
-
-        Slots are divided among the activators first, then this activator's share
-        among its workers, with the same function. The fallback is another owner: a
-        sibling worker if one owns slots, else a peer.
-        """
-        peers = self.config.activators
-        several = peers is not None and len(peers.peers) > 1
-        if not several and len(self.workers) <= 1:
-            return None, None, None
-        limits = {pod.address: service.container_concurrency for pod in service.pods if not pod.drain}
-        limited = service.container_concurrency > 0 and bool(limits)
-        fallback = None
-        if peers is not None and several:
-            division = slot_division.divide_slots(limits, sorted(peers.peers))
-            limits = division[peers.self_name]
-            owner = _forward_choice(division, peers.self_name)
-            if limited and owner is not None:
-                fallback = Forward(str(peers.peers[owner]), "peer")
-                if not limits:
-                    return limits, fallback, None
+    def _own_capacity_spent(self, service: str) -> bool:
+        """Whether this activator has no usable slot of ``service`` (with workers, what the
+        siblings report through the slot exchange counts too)."""
         if len(self.workers) > 1:
-            names = [str(i) for i in range(len(self.workers))]
-            me = str(self.worker_index)
-            division = slot_division.divide_slots(limits, names)
-            owner = _forward_choice(division, me)
-            if limited and owner is not None:
-                fallback = Forward(self.workers[int(owner)], "worker")
-                if not division[me]:
-                    return {}, fallback, None
-            limits = division[me]
-        return limits, None, fallback
+            return self.activator_capacity.get(service, 1) == 0
+        return self.services[service].capacity == 0
 
     def tick(self, now: float) -> Effects:
-        """Periodic housekeeping (drain timeouts, retired services)."""
+        """Periodic housekeeping (drain timeouts, retired services, hand-overs waited out)."""
         effects = EffectsCollector()
         for throttler in self.services.values():
             effects.add(throttler.tick(now))
+        effects.add(self._reapply(self.fleet.expire(now), now))
         self._drop_retired()
         return effects.result()
 
@@ -222,8 +232,7 @@ class Topology:
         services = {}
         for name, throttler in sorted(self.services.items()):
             services[name] = throttler.snapshot(now)
-            forward = self._forwards.get(name)
-            services[name]["forward_to"] = f"{forward.kind} {forward.address}" if forward else None
+            services[name].update(self.fleet.snapshot_service(name, now))
         return services
 
     def check_invariants(self) -> None:
@@ -236,25 +245,12 @@ class Topology:
                 del self.services[name]
 
 
-@dataclass(frozen=True)
-class Forward:
-    """Send the service's requests to ``address``: a peer activator's proxy port
-    (kind "peer") or a sibling worker's private port (kind "worker")."""
-
-    address: str
-    kind: str
-
-
-def _forward_choice(division: Mapping[str, Mapping[str, int]], me: str) -> str | None:
-    """Among the other owners of slots, the one ``me`` forwards to (None if there is
-    none): the best rendezvous score for ``me``, so forwarders spread over the owners,
-    stably."""
-    owners = [peer for peer, owned in division.items() if owned and peer != me]
-    return max(owners, key=lambda peer: slot_division.score(peer, me)) if owners else None
-
-
-def _set_or_drop(table: dict[str, Forward], name: str, value: Forward | None) -> None:
-    if value is None:
-        table.pop(name, None)
-    else:
-        table[name] = value
+def _then(first: Effects, second: Effects) -> Effects:
+    if not second:
+        return first
+    if not first:
+        return second
+    effects = EffectsCollector()
+    effects.add(first)
+    effects.add(second)
+    return effects.result()

@@ -55,6 +55,7 @@ def without(mapping: dict[str, Any], key: str) -> dict[str, Any]:
 
 
 PEERS = {"vm-a": "10.0.0.1:8080", "vm-b": "10.0.0.2:8080"}
+SECRET = "the-fleets-shared-secret"
 
 # (id, data, rendered key, a fragment of the message)
 INVALID: list[tuple[str, object, str, str]] = [
@@ -276,11 +277,11 @@ INVALID: list[tuple[str, object, str, str]] = [
         "dot-separated",
     ),
     ("statsd-tags-string", config(statsd={"address": "127.0.0.1:8125", "tags": "no"}), "statsd.tags", "true or false"),
-    ("activators-no-self", config(activators={"peers": PEERS}), "activators.self", "required"),
+    ("activators-no-self", config(activators={"peers": PEERS, "secret": SECRET}), "activators.self", "required"),
     ("activators-no-peers", config(activators={"self": "vm-a"}), "activators.peers", "required"),
     (
         "activators-self-not-peer",
-        config(activators={"self": "vm-c", "peers": PEERS}),
+        config(activators={"self": "vm-c", "peers": PEERS, "secret": SECRET}),
         "activators.self",
         "must be one of the peers (vm-a, vm-b), got string 'vm-c'",
     ),
@@ -310,6 +311,30 @@ INVALID: list[tuple[str, object, str, str]] = [
         "a peer name",
     ),
     ("activators-not-mapping", config(activators=["vm-a"]), "activators", "must be a mapping"),
+    (
+        "activators-no-secret",
+        config(activators={"self": "vm-a", "peers": PEERS}),
+        "activators",
+        "secret or secret_file is required with more than one peer",
+    ),
+    (
+        "activators-short-secret",
+        config(activators={"self": "vm-a", "peers": PEERS, "secret": "short"}),
+        "activators.secret",
+        "at least 16 characters",
+    ),
+    (
+        "activators-two-secrets",
+        config(activators={"self": "vm-a", "peers": PEERS, "secret": SECRET, "secret_file": "/etc/x"}),
+        "activators.secret_file",
+        "not both",
+    ),
+    (
+        "activators-unhealthy-after-zero",
+        config(activators={"self": "vm-a", "peers": PEERS, "secret": SECRET, "unhealthy_after": 0}),
+        "activators.unhealthy_after",
+        "",
+    ),
     # services
     ("services-list", {"services": [service()]}, "services", "must be a mapping of service name to service"),
     (
@@ -486,10 +511,10 @@ VALID: list[tuple[str, object, dict[str, object]]] = [
     ("activators-null", {"activators": None}, {"activators": None}),
     (
         "activators",
-        {"activators": {"self": "vm-b", "peers": PEERS}},
+        {"activators": {"self": "vm-b", "peers": PEERS, "secret": SECRET}},
         {
             "activators": ActivatorsConfig(
-                "vm-b", {"vm-a": Address("10.0.0.1", 8080), "vm-b": Address("10.0.0.2", 8080)}
+                "vm-b", {"vm-a": Address("10.0.0.1", 8080), "vm-b": Address("10.0.0.2", 8080)}, SECRET
             )
         },
     ),
@@ -602,7 +627,7 @@ def test_services_keep_file_order_and_may_share_nothing() -> None:
 
 
 def test_parsing_does_not_change_the_data() -> None:
-    data = config(activators={"self": "vm-a", "peers": PEERS}, statsd={"address": "127.0.0.1:8125"})
+    data = config(activators={"self": "vm-a", "peers": PEERS, "secret": SECRET}, statsd={"address": "127.0.0.1:8125"})
     before = copy.deepcopy(data)
     parse(data)
     assert data == before
@@ -889,7 +914,7 @@ TOP_DIFFS: list[tuple[str, dict[str, Any], dict[str, Any], tuple[Change, ...], t
     (
         "activators-peer-added",
         {"activators": {"self": "vm-a", "peers": {"vm-a": "10.0.0.1:8080"}}},
-        {"activators": {"self": "vm-a", "peers": PEERS}},
+        {"activators": {"self": "vm-a", "peers": PEERS, "secret": SECRET}},
         (),
         (
             Change(
@@ -897,13 +922,14 @@ TOP_DIFFS: list[tuple[str, dict[str, Any], dict[str, Any], tuple[Change, ...], t
                 {"vm-a": Address("10.0.0.1", 8080)},
                 {"vm-a": Address("10.0.0.1", 8080), "vm-b": Address("10.0.0.2", 8080)},
             ),
+            Change("activators.secret", "(hidden)", "(hidden)"),  # never shown
         ),
         "activators.peers {vm-a: 10.0.0.1:8080} -> {vm-a: 10.0.0.1:8080, vm-b: 10.0.0.2:8080}",
     ),
     (
         "activators-self",
-        {"activators": {"self": "vm-a", "peers": PEERS}},
-        {"activators": {"self": "vm-b", "peers": PEERS}},
+        {"activators": {"self": "vm-a", "peers": PEERS, "secret": SECRET}},
+        {"activators": {"self": "vm-b", "peers": PEERS, "secret": SECRET}},
         (),
         (Change("activators.self", "vm-a", "vm-b"),),
         "activators.self vm-a -> vm-b",
@@ -949,7 +975,7 @@ def test_describe_config_lists_listeners_services_and_pods() -> None:
                     "fast": service(hosts=["fast"], container_concurrency=8, pods=[C]),
                 },
                 admin=None,
-                activators={"self": "vm-a", "peers": PEERS},
+                activators={"self": "vm-a", "peers": PEERS, "secret": SECRET},
             )
         )
     )
@@ -1012,7 +1038,7 @@ BASE = config(
     },
     limits={"max_body_bytes": None},
     statsd={"address": "127.0.0.1:8125", "prefix": "p"},
-    activators={"self": "vm-a", "peers": PEERS},
+    activators={"self": "vm-a", "peers": PEERS, "secret": SECRET},
 )
 BASE_PATHS = _paths(BASE)
 

@@ -14,14 +14,14 @@ Properties, for every service:
 - balance: totals differ by at most one between activators, and between the workers of
   one activator;
 - cc = 0 pods are unlimited everywhere (tracker slots None), and nobody forwards;
-- no black hole: a process owning nothing of a service that has slots forwards it, a
-  peer first (kind "peer", to a peer that owns some), then within the receiving
-  activator to a sibling worker (kind "worker", to one that owns some); following the
-  forwards with the real hop rule (``core.topology.may_forward``, on the
-  ``X-Activator-Forwarded`` marker the proxy builds, one hop appended per forward)
-  always ends at a process with slots, in at most one peer hop: the rule's second peer
-  hop is for activators whose files disagree for a moment, which a fleet with one file
-  never needs.
+- no black hole: an activator owning nothing of a service that has slots forwards it
+  to a peer that owns some (kind "peer"); workers never forward to each other (a worker
+  owning nothing of a service its activator owns borrows a sibling's slots through the
+  slot exchange, ``core.slotexchange``); following the forwards with the real hop rule
+  (``core.topology.may_forward``, on the ``X-Activator-Forwarded`` marker the proxy
+  builds, one hop appended per forward) always ends at an activator with slots, in one
+  peer hop: the rule's second peer hop is for activators whose files disagree for a
+  moment, which a fleet with one file never needs.
 """
 
 from __future__ import annotations
@@ -35,8 +35,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from activator.core.config import ActivatorsConfig, Address, Config, ServiceConfig
+from activator.core.events import PeerChecked
+from activator.core.fleet import Forward
+from activator.core.peering import Answer
 from activator.core.throttler import Grant, Waiter
-from activator.core.topology import Forward, Topology, may_forward
+from activator.core.topology import Topology, may_forward
 
 # --------------------------------------------------------------------------- helpers
 
@@ -110,7 +113,7 @@ def pods_of(n: int, first: int = 1) -> list[str]:
 
 def hop_marker(marker: str | None, kind: str, sender: str) -> str:
     """The ``X-Activator-Forwarded`` value after one more hop, as the proxy writes it: the
-    hops so far, then this one (``peer <sender's name>`` or ``worker <sender's index>``)."""
+    hops so far, then this one (``peer <sender's name>``)."""
     hop = f"{kind} {sender}"
     return f"{marker}, {hop}" if marker else hop
 
@@ -148,7 +151,7 @@ def test_one_cc1_pod_three_peers_non_owners_forward_to_the_owner() -> None:
     for t in (b, c):
         assert owned(t, "api") == {}
         assert t.services["api"].capacity == 0
-        assert t.forward_target("api") == Forward(str(peer_address(0)), "peer")
+        assert t.forward_target("api") == Forward(str(peer_address(0)), "a")
         assert snapshot(t, "api")["forward_to"] == f"peer {peer_address(0)}"
 
 
@@ -228,7 +231,8 @@ def check_fleet(peers: Sequence[str], services: Services, workers: int) -> None:
                 assert {a: n for a, n in slots.items() if n and a not in drained} == worker_shares[w]
                 assert t.services[name].capacity == sum(worker_shares[w].values())
                 forward = t.forward_target(name)
-                if worker_shares[w] or not has_slots:
+                if shares[me] or not has_slots:
+                    # The activator owns slots: each worker serves on its own or borrows.
                     assert forward is None, (me, w, forward)
                     continue
                 # no black hole: follow the forwards as the proxy would
@@ -240,47 +244,25 @@ def assert_reaches_owner(
     procs: Mapping[tuple[str, int], Topology], peers: Sequence[str], workers: int, service: str, me: str, w: int
 ) -> None:
     by_address = {str(peer_address(i)): p for i, p in enumerate(peers)}
-    marker: str | None = None
-    at = (me, w)
-    for _hop in range(3):
-        t = procs[at]
-        if owned(t, service):
-            return
-        forward = t.forward_target(service)
-        assert forward is not None and may_forward(marker, forward.kind), (
-            f"{at} owns nothing of {service} and cannot forward ({forward}, marker {marker})"
-        )
-        if forward.kind == "peer":
-            assert marker is None, f"{at} forwards to a second peer ({forward}, marker {marker}) with one file"
-            assert forward.address in by_address, forward
-            assert forward.address != str(peer_address(list(peers).index(at[0]))), "forwards to itself"
-            target = by_address[forward.address]
-            marker = hop_marker(marker, "peer", at[0])
-            # The kernel gives the connection to any worker of the target: all must do.
-            landing = [(target, i) for i in range(workers)]
-            for land in landing[1:]:
-                t2 = procs[land]
-                if not owned(t2, service):
-                    f2 = t2.forward_target(service)
-                    assert f2 is not None and f2.kind == "worker" and may_forward(marker, f2.kind), (land, f2)
-                    sibling = worker_addresses(list(peers).index(target), workers).index(f2.address)
-                    assert owned(procs[(target, sibling)], service), (land, f2)
-            at = landing[0]
-        else:
-            assert forward.kind == "worker", forward
-            addresses = worker_addresses(list(peers).index(at[0]), workers)
-            assert forward.address in addresses and forward.address != addresses[at[1]], forward
-            marker = hop_marker(marker, "worker", str(at[1]))
-            at = (at[0], addresses.index(forward.address))
-    raise AssertionError(f"forwarding from {me}/{w} for {service} did not reach an owner")
+    forward = procs[(me, w)].forward_target(service)
+    assert forward is not None and forward.name in peers and may_forward(None), (me, w, forward)
+    assert forward.address in by_address, forward
+    target = by_address[forward.address]
+    assert target != me, "forwards to itself"
+    marker = hop_marker(None, "peer", me)
+    # The kernel gives the connection to any worker of the target: every one serves it,
+    # on its own slots or borrowed ones, and none sends it on.
+    assert any(owned(procs[(target, i)], service) for i in range(workers)), (target, service)
+    for i in range(workers):
+        onward = procs[(target, i)].forward_target(service)
+        assert onward is None, f"{target}/{i} sends a forwarded request on ({onward}, marker {marker})"
 
 
-def test_a_request_forwarded_to_a_sibling_worker_goes_nowhere_else() -> None:
-    """The end of every chain above: whatever the receiving worker's own view, the rule
-    stops a request at the worker it was handed to (no worker-to-worker ping-pong, and
-    no peer hop after a worker hop)."""
-    for marker in ("worker 0", hop_marker(hop_marker(None, "peer", "a"), "worker", "1")):
-        assert not may_forward(marker, "worker") and not may_forward(marker, "peer"), marker
+def test_the_hop_rule_allows_a_second_peer_hop_never_a_third() -> None:
+    """A second hop is for activators whose files disagree for a moment; a third never."""
+    assert may_forward(None)
+    assert may_forward(hop_marker(None, "peer", "a"))
+    assert not may_forward(hop_marker(hop_marker(None, "peer", "a"), "peer", "b"))
 
 
 @pytest.mark.parametrize("n_peers", [2, 3, 4])
@@ -357,7 +339,7 @@ def test_applying_a_new_peer_list_keeps_trackers_and_in_flight_requests() -> Non
     assert tracker.slots == 0 and tracker.in_flight == 1
     assert throttler.capacity == 0
     forward = t.forward_target("api")
-    assert forward is not None and forward.kind == "peer"
+    assert forward is not None and forward.name != owner
     waiter = throttler.acquire(1.0)
     assert isinstance(waiter, Waiter), "a moved-away slot was granted again"
     assert throttler.abandon(waiter) is None
@@ -373,7 +355,7 @@ def test_forward_targets_follow_a_reload() -> None:
     owner = next(me for me, s in division.items() if s)
     other = next(me for me in three if me != owner)
     t = topology(other, three, services)
-    assert t.forward_target("api") == Forward(str(peer_address(three.index(owner))), "peer")
+    assert t.forward_target("api") == Forward(str(peer_address(three.index(owner))), owner)
     # The owner leaves the file: someone among the two left owns the pod now.
     two = [p for p in three if p != owner]
     remaining_peers = {p: peer_address(three.index(p)) for p in two}
@@ -396,28 +378,34 @@ def test_forward_targets_follow_a_reload() -> None:
     assert sum(sum(s.values()) for s in after.values()) == 1
     if after[other]:
         assert t.forward_target("api") is None
+        # The slot moved here from the owner that left: held until it says it runs
+        # nothing on it any more (core.peering's hand-over rule), then used.
+        assert tracker_slots(t, "api") == {pods_of(1)[0]: 0}
+        assert [target.name for target in t.fleet.check_targets(())] == sorted([owner, *[p for p in two if p != other]])
+        t.handle(PeerChecked(owner, 1.5, Answer(owner, {"api": {pods_of(1)[0]: 1}}, {"api": 1})), 2.0)
+        assert tracker_slots(t, "api") == {pods_of(1)[0]: 0}, "still running a request on it"
+        t.handle(PeerChecked(owner, 2.5, Answer(owner, {"api": {pods_of(1)[0]: 0}}, {"api": 0})), 3.0)
         assert tracker_slots(t, "api") == {pods_of(1)[0]: 1}
+        assert owner not in [target.name for target in t.fleet.check_targets(())], "done with the leaver"
     else:
         remaining = next(me for me in two if me != other)
-        assert t.forward_target("api") == Forward(str(peer_address(three.index(remaining))), "peer")
+        assert t.forward_target("api") == Forward(str(peer_address(three.index(remaining))), remaining)
 
 
-def test_a_worker_owning_nothing_forwards_to_a_sibling_that_owns() -> None:
+def test_a_worker_owning_nothing_forwards_nowhere_its_siblings_lend_it_slots() -> None:
     services: Services = {"api": (1, pods_of(1), frozenset())}
     addresses = worker_addresses(0, 3)
     procs = [Topology(make_config("a", ["a"], services, 3), 0.0, worker_index=w, workers=addresses) for w in range(3)]
-    owners = [w for w, t in enumerate(procs) if owned(t, "api")]
-    assert len(owners) == 1
-    for w, t in enumerate(procs):
-        if w in owners:
-            assert t.forward_target("api") is None
-        else:
-            assert t.forward_target("api") == Forward(addresses[owners[0]], "worker")
-            assert snapshot(t, "api")["forward_to"] == f"worker {addresses[owners[0]]}"
+    assert sum(bool(owned(t, "api")) for t in procs) == 1
+    for t in procs:
+        assert t.forward_target("api") is None
+        assert snapshot(t, "api")["forward_to"] is None
+        # shared mode: it serves only on its own slots at once, else queues at the exchange
+        assert t.services["api"].shared
     # Without an activators: section at all, workers still divide.
     procs = [Topology(make_config(None, [], services, 3), 0.0, worker_index=w, workers=addresses) for w in range(3)]
     assert sum(bool(owned(t, "api")) for t in procs) == 1
-    assert all(t.forward_target("api") is not None for t in procs if not owned(t, "api"))
+    assert all(t.forward_target("api") is None for t in procs)
 
 
 def test_workers_of_a_peer_split_its_share_cc2_two_workers() -> None:

@@ -52,13 +52,17 @@ service = partial(service_config, queue_depth=500, queue_timeout="30s")
 # helpers
 
 
+#: The peers' shared secret in these tests.
+FLEET_SECRET = "the-fleets-shared-secret"
+
+
 def fleet_config(name: str, peers: Mapping[str, str], services: Mapping[str, Any], **top: Any) -> dict[str, Any]:
     """One activator's file: the same everywhere except ``self`` (and so ``listen``)."""
     return {
         "listen": peers[name],
         "access_log": False,
         **top,
-        "activators": {"self": name, "peers": dict(peers)},
+        "activators": {"self": name, "peers": dict(peers), "secret": FLEET_SECRET},
         "services": dict(services),
     }
 
@@ -81,6 +85,15 @@ def slots_of(act: Activator, service_name: str, address: str, status: dict[str, 
     assert pod is not None, f"{address} not in {service_name} of {act.listen}"
     assert pod["slots"] is not None, f"{address} of {service_name} is unlimited in {act.listen}"
     return int(pod["slots"])
+
+
+def wait_handed_over(act: Activator) -> None:
+    """Until no slot that moved to ``act`` waits for its old holder any more, and no
+    peer's view (from a file older than ``act``'s) caps it."""
+    act.wait_for(
+        lambda st: all(not s["handover_slots"] and not s["capped_by"] for s in st["services"].values()),
+        message="moved slots handed over",
+    )
 
 
 def slot_table(acts: Mapping[str, Activator], service_name: str, pods: Sequence[Pod]) -> dict[str, dict[str, int]]:
@@ -383,6 +396,8 @@ def test_peer_removed_under_load_gives_its_slots_away_with_zero_failures(pod_fac
             act.rewrite_config(fleet_config(name, without, services))
         for act in remaining.values():
             act.wait_for(lambda st: set(st["activator"]["peers"]) == set(without), message="peer list applied")
+        for act in remaining.values():
+            wait_handed_over(act)
 
         after = slot_table(remaining, "api", pods)
         assert_exact_cover(after, pods, 2)
@@ -446,6 +461,8 @@ def test_peer_added_back_under_load_gets_its_share_with_zero_failures(pod_factor
             act.rewrite_config(fleet_config(name, peers, services))
         for act in acts.values():
             act.wait_for(lambda st: set(st["activator"]["peers"]) == set(peers), message="peer list applied")
+        for act in acts.values():
+            wait_handed_over(act)
         load.phase = "all three"
         load.targets = [(act, host) for act in acts.values() for host in ("api.test", "solo.test")]
         load.wait_more(40)
@@ -473,7 +490,11 @@ def write_fleet_file(tmp_path: Path, me: str, peers: Sequence[str], pods: Mappin
     ccs = set(pods.values())
     assert len(ccs) == 1
     config = {
-        "activators": {"self": me, "peers": {p: f"10.0.0.{100 + i}:8080" for i, p in enumerate(peers)}},
+        "activators": {
+            "self": me,
+            "peers": {p: f"10.0.0.{100 + i}:8080" for i, p in enumerate(peers)},
+            "secret": FLEET_SECRET,
+        },
         "services": {"api": {"hosts": ["api.example.com"], "container_concurrency": ccs.pop(), "pods": list(pods)}},
     }
     path = tmp_path / f"{me}.yaml"

@@ -1,0 +1,494 @@
+"""One queue per activator across its worker processes: slots offered, waiters served in order.
+
+With ``workers: N > 1`` each worker owns its share of every pod's slots and serves a
+request on one of them at once when it has a free one and nobody of the service waits
+anywhere. Otherwise the request waits here, in the supervisor, in the service's one
+queue, and slots come to it. This module decides who gets which slot:
+
+- **One queue per service**, ordered by arrival time (the workers' monotonic clocks are
+  the machine's one clock), whichever worker the request came to. ``queue_depth`` bounds
+  the activator's queue, not a worker's (``Full``).
+- **Contended.** While a service has anyone waiting here it is *contended*: every worker
+  is told (``Contended``) and then serves nothing of it locally; it lends this exchange
+  every slot of the service that is free or frees (``offer``). ``Contended(False)`` when
+  the queue empties. So no pod has a free slot in one worker while a request of its
+  service waits in another, within the time one message takes.
+- **Offers.** ``offer`` matches a slot with the oldest waiter (``Lend`` to the waiter's
+  worker: the slot stays its owner's, lent for one request) or, when nobody waits,
+  gives it back (``Decline`` to the owner, which frees it). A borrower that is done
+  offers the slot again (it may go straight to the next waiter, owner unchanged).
+- A waiter that gives up (timeout, client gone) is ``cancel``\\ led; a grant that crossed
+  its cancel is offered again by the waiter's worker.
+- **Loans outlive their worker's crash.** A worker that ends takes its waiters with it
+  and its borrowed slots go back to their owners (``forget_worker``); the slots it had
+  lent stay out until their borrowers are done, and its next incarnation is told which
+  (``reserved``), so that it does not use them meanwhile.
+
+Each worker's side is a ``WorkerLedger``: its requests waiting here, the slots it lent,
+the services it was told are contended, and what it does with each message (a grant to
+a request that gave up is offered again; a declined slot is freed; a request whose
+service left shared mode is redirected, and cancelled here).
+
+Nothing here yields or does I/O; every call returns the messages to send (effects out).
+``encode`` and ``decode`` spell messages (both ways) as datagrams.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from .events import TransportFailure
+from .failures import FailureKind
+from .throttler import NO_EFFECTS, Effects, EffectsCollector, Grant, ServiceThrottler
+
+
+@dataclass(frozen=True)
+class Lend:
+    """To ``worker``: its request ``request`` may use ``slot`` of ``owner`` on ``pod``."""
+
+    worker: int
+    request: int
+    service: str
+    owner: int
+    slot: int
+    pod: str
+
+
+@dataclass(frozen=True)
+class Decline:
+    """To ``owner``: nobody waits for ``slot``; free it (``failed``: its borrower's request
+    met a transport failure on the pod, which the owner records)."""
+
+    owner: int
+    service: str
+    slot: int
+    failed: str | None = None
+
+
+@dataclass(frozen=True)
+class Full:
+    """To ``worker``: the service's queue is full; answer ``request`` 503 queue-full."""
+
+    worker: int
+    request: int
+
+
+@dataclass(frozen=True)
+class Contended:
+    """To every worker: ``service`` has waiters here (``True``) or none any more."""
+
+    service: str
+    contended: bool
+
+
+@dataclass(frozen=True)
+class Reserved:
+    """To a worker that (re)started: ``slot`` of its previous incarnation on ``pod`` is still
+    lent out; hold it until it comes back (``Decline``)."""
+
+    service: str
+    slot: int
+    pod: str
+
+
+Message = Lend | Decline | Full | Contended | Reserved
+
+
+# -- what workers send --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Hello:
+    """From a worker that (re)started."""
+
+    worker: int
+
+
+@dataclass(frozen=True)
+class Enqueue:
+    """From ``worker``: its request waits (``arrival``: monotonic seconds)."""
+
+    worker: int
+    service: str
+    request: int
+    arrival: float
+    queue_depth: int
+
+
+@dataclass(frozen=True)
+class Cancel:
+    """From ``worker``: its request gave up."""
+
+    worker: int
+    service: str
+    request: int
+
+
+@dataclass(frozen=True)
+class Offer:
+    """From any worker: ``slot`` of ``owner`` on ``pod`` is free (``failed``: the borrower's
+    request met this transport failure kind on the pod)."""
+
+    service: str
+    owner: int
+    slot: int
+    pod: str
+    failed: str | None = None
+
+
+Request = Hello | Enqueue | Cancel | Offer
+
+_KINDS: dict[str, type] = {
+    kind.__name__: kind for kind in (Lend, Decline, Full, Contended, Reserved, Hello, Enqueue, Cancel, Offer)
+}
+
+
+def encode(message: Message | Request) -> bytes:
+    """One message as one datagram: a JSON list, its kind first, then its fields in order."""
+    return json.dumps([type(message).__name__, *(getattr(message, f.name) for f in fields(message))]).encode()
+
+
+def decode(data: bytes) -> Message | Request:
+    """The message of one datagram; raises ValueError for anything else."""
+    try:
+        kind, *values = json.loads(data)
+        message: Message | Request = _KINDS[kind](*values)
+    except (TypeError, KeyError, ValueError) as error:
+        raise ValueError(f"not a slot exchange message: {data[:100]!r}") from error
+    return message
+
+
+@dataclass(frozen=True)
+class Loan:
+    """A slot lent out: who owns it and on which pod."""
+
+    owner: int
+    service: str
+    slot: int
+    pod: str
+
+
+@dataclass
+class _Queue:
+    # (arrival, sequence, worker, request): a heap; cancelled entries stay until they surface.
+    heap: list[tuple[float, int, int, int]] = field(default_factory=list)
+    # (worker, request) -> its heap entry, for the live waiters only.
+    live: dict[tuple[int, int], tuple[float, int, int, int]] = field(default_factory=dict)
+
+    def oldest(self) -> tuple[float, int, int, int] | None:
+        heap, live = self.heap, self.live
+        while heap:
+            entry = heap[0]
+            if live.get((entry[2], entry[3])) is entry:
+                return entry
+            heapq.heappop(heap)
+        return None
+
+
+class SlotExchange:
+    """The supervisor's queues and loans (see the module docstring). Does not yield."""
+
+    def __init__(self) -> None:
+        self._queues: dict[str, _Queue] = {}
+        self._sequence = 0
+        # (owner, slot) -> (loan, borrowing worker or None while offered but not taken)
+        self._loans: dict[tuple[int, int], tuple[Loan, int | None]] = {}
+
+    def receive(self, message: Request) -> list[tuple[int | None, Message]]:
+        """Apply one worker's message; what to send to whom (None: every worker)."""
+        if isinstance(message, Enqueue):
+            out = self.enqueue(message.service, message.worker, message.request, message.arrival, message.queue_depth)
+        elif isinstance(message, Cancel):
+            out = self.cancel(message.service, message.worker, message.request)
+        elif isinstance(message, Offer):
+            out = self.offer(message.service, message.owner, message.slot, message.pod, message.failed)
+        else:
+            greeting: list[Message] = [Contended(service, True) for service in self.contended_services()]
+            greeting += [Reserved(loan.service, loan.slot, loan.pod) for loan in self.reserved(message.worker)]
+            return [(message.worker, m) for m in greeting]
+        return [(recipient(m), m) for m in out]
+
+    # -- a worker's requests ------------------------------------------------------
+
+    def enqueue(self, service: str, worker: int, request: int, arrival: float, queue_depth: int) -> list[Message]:
+        """A request that ``worker`` could not serve at once waits here (in arrival order)."""
+        queue = self._queues.get(service)
+        if queue is None:
+            queue = self._queues[service] = _Queue()
+        if (worker, request) in queue.live:
+            return []
+        if len(queue.live) >= queue_depth:
+            return [Full(worker, request)]
+        self._sequence += 1
+        entry = (arrival, self._sequence, worker, request)
+        heapq.heappush(queue.heap, entry)
+        queue.live[(worker, request)] = entry
+        return [Contended(service, True)] if len(queue.live) == 1 else []
+
+    def cancel(self, service: str, worker: int, request: int) -> list[Message]:
+        """The request gave up. If it was granted meanwhile, its worker offers the slot again."""
+        queue = self._queues.get(service)
+        if queue is None or queue.live.pop((worker, request), None) is None:
+            return []
+        return self._maybe_uncontended(service, queue)
+
+    # -- slots ------------------------------------------------------------------
+
+    def offer(self, service: str, owner: int, slot: int, pod: str, failed: str | None = None) -> list[Message]:
+        """A slot of ``owner`` on ``pod``, free now: to the oldest waiter, else back to its owner."""
+        key = (owner, slot)
+        queue = self._queues.get(service)
+        entry = queue.oldest() if queue is not None else None
+        if failed is not None or queue is None or entry is None:
+            self._loans.pop(key, None)
+            return [Decline(owner, service, slot, failed)]
+        _, _, worker, request = entry
+        heapq.heappop(queue.heap)
+        del queue.live[(worker, request)]
+        if worker == owner:
+            self._loans.pop(key, None)  # back home: the owner runs it as its own
+        else:
+            self._loans[key] = (Loan(owner, service, slot, pod), worker)
+        return [Lend(worker, request, service, owner, slot, pod), *self._maybe_uncontended(service, queue)]
+
+    # -- workers ----------------------------------------------------------------
+
+    def forget_worker(self, worker: int) -> list[Message]:
+        """``worker`` ended: its waiters are gone, its borrowed slots go back to their owners."""
+        messages: list[Message] = []
+        for service, queue in list(self._queues.items()):
+            for key in [key for key in queue.live if key[0] == worker]:
+                del queue.live[key]
+            messages += self._maybe_uncontended(service, queue)
+        for key, (loan, borrower) in list(self._loans.items()):
+            if borrower == worker:
+                del self._loans[key]
+                if loan.owner != worker:
+                    messages.append(Decline(loan.owner, loan.service, loan.slot))
+        return messages
+
+    def reserved(self, owner: int) -> list[Loan]:
+        """The slots of ``owner`` still lent out (its new incarnation must not use them)."""
+        return [loan for loan, _ in self._loans.values() if loan.owner == owner]
+
+    def contended_services(self) -> list[str]:
+        """The services with waiters (a worker that (re)starts is told)."""
+        return [service for service, queue in self._queues.items() if queue.live]
+
+    # -- views ------------------------------------------------------------------
+
+    def queued(self, service: str) -> int:
+        queue = self._queues.get(service)
+        return len(queue.live) if queue is not None else 0
+
+    def oldest_arrival(self, service: str) -> float | None:
+        queue = self._queues.get(service)
+        entry = queue.oldest() if queue is not None else None
+        return entry[0] if entry is not None else None
+
+    def lent(self) -> int:
+        return len(self._loans)
+
+    def check_invariants(self) -> None:
+        for service, queue in self._queues.items():
+            if not queue.live:
+                raise AssertionError(f"{service}: an empty queue kept")
+            for key, entry in queue.live.items():
+                if (entry[2], entry[3]) != key:
+                    raise AssertionError(f"{service}: waiter {key} filed as {entry}")
+            if len(queue.heap) < len(queue.live):
+                raise AssertionError(f"{service}: a live waiter missing from the heap")
+
+    def _maybe_uncontended(self, service: str, queue: _Queue) -> list[Message]:
+        if queue.live:
+            return []
+        del self._queues[service]
+        return [Contended(service, False)]
+
+
+def recipient(message: Message) -> int | None:
+    """The worker a message is for (None: every worker)."""
+    if isinstance(message, Lend | Full):
+        return message.worker
+    if isinstance(message, Decline):
+        return message.owner
+    return None
+
+
+# -- a worker's side -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Borrowed:
+    """A sibling's slot on ``pod``, lent to one request of this worker."""
+
+    service: str
+    owner: int
+    slot: int
+    pod: str
+
+
+class Redirect:
+    """The outcome of a wait whose service left shared mode: queue in the worker again."""
+
+
+class QueueIsFull:
+    """The outcome of a wait the exchange refused (``Full``)."""
+
+
+Outcome = Borrowed | Grant | Redirect | QueueIsFull
+
+
+class Waiting:
+    """A request of this worker queued at the exchange; ``outcome`` set once decided."""
+
+    __slots__ = ("outcome", "request", "service", "token")
+
+    def __init__(self, request: int, service: str) -> None:
+        self.request = request
+        self.service = service
+        self.outcome: Outcome | None = None
+        #: The shell's handle to wake the request with (the core never touches it).
+        self.token: Any = None
+
+
+@dataclass
+class LedgerEffects:
+    """What one ledger call asks of the shell: requests to wake (their ``outcome`` is set),
+    messages to send, the throttlers' effects, failures to post to the topology writer."""
+
+    woken: list[Waiting] = field(default_factory=list)
+    send: list[Request] = field(default_factory=list)
+    effects: Effects = NO_EFFECTS
+    failures: list[TransportFailure] = field(default_factory=list)
+
+
+class WorkerLedger:
+    """One worker's side of the exchange (see the module docstring). Does not yield."""
+
+    def __init__(self, worker: int, first_slot: int = 1) -> None:
+        self.worker = worker
+        self._requests = itertools.count(1)
+        # Slot ids of this incarnation: a restarted worker starts above its predecessor's.
+        self._slots = itertools.count(first_slot)
+        self.waiting: dict[int, Waiting] = {}
+        #: Slots of ours lent out (or offered): slot id -> (throttler, grant).
+        self.lent: dict[int, tuple[ServiceThrottler, Grant]] = {}
+        self.contended: set[str] = set()
+
+    def hello(self) -> list[Request]:
+        return [Hello(self.worker)]
+
+    # -- requests ---------------------------------------------------------------
+
+    def enqueue(self, throttler: ServiceThrottler, arrival: float) -> tuple[Waiting, list[Request]]:
+        """A request this worker cannot serve at once waits at the exchange."""
+        waiting = Waiting(next(self._requests), throttler.name)
+        self.waiting[waiting.request] = waiting
+        depth = throttler.config.queue_depth
+        return waiting, [Enqueue(self.worker, throttler.name, waiting.request, arrival, depth)]
+
+    def leave(
+        self, waiting: Waiting, services: Mapping[str, ServiceThrottler], keep: bool, now: float
+    ) -> LedgerEffects:
+        """The request stops waiting: with its outcome (``keep``, it goes on with the slot) or
+        without (timeout, client gone: a slot that came meanwhile is given back)."""
+        out = LedgerEffects()
+        if self.waiting.pop(waiting.request, None) is None:
+            return out
+        outcome = waiting.outcome
+        if outcome is None or isinstance(outcome, Redirect):
+            out.send.append(Cancel(self.worker, waiting.service, waiting.request))
+        elif not keep:
+            throttler = services.get(waiting.service)
+            if isinstance(outcome, Borrowed):
+                out.send.append(Offer(outcome.service, outcome.owner, outcome.slot, outcome.pod))
+            elif isinstance(outcome, Grant) and throttler is not None:
+                out.effects = throttler.release(outcome, now)
+        elif isinstance(outcome, Borrowed):
+            throttler = services.get(waiting.service)
+            if throttler is not None:
+                throttler.borrow(outcome.pod)
+        return out
+
+    def borrowed_done(
+        self, throttler: ServiceThrottler, slot: Borrowed, tunnel: bool, failed: str | None
+    ) -> list[Request]:
+        """The request on a borrowed slot ended: the slot goes back to the exchange
+        (``failed``: the transport failure its request met, for the owner to record)."""
+        throttler.give_back(tunnel)
+        return [Offer(slot.service, slot.owner, slot.slot, slot.pod, failed)]
+
+    # -- slots of ours ------------------------------------------------------------
+
+    def offer(self, throttler: ServiceThrottler, grant: Grant) -> list[Request]:
+        """Lend the exchange a free slot of ours (``Effects.lent``)."""
+        slot = next(self._slots)
+        self.lent[slot] = (throttler, grant)
+        return [Offer(throttler.name, self.worker, slot, grant.pod.address)]
+
+    def resync(self, services: Mapping[str, ServiceThrottler]) -> LedgerEffects:
+        """After a new configuration: new throttlers learn the flags; requests waiting for a
+        service no longer shared are redirected (they queue in the worker again)."""
+        out = LedgerEffects()
+        collected = EffectsCollector()
+        for name in self.contended:
+            throttler = services.get(name)
+            if throttler is not None and throttler.shared and not throttler.contended:
+                collected.add(throttler.set_contended(True))
+        for waiting in self.waiting.values():
+            throttler = services.get(waiting.service)
+            if waiting.outcome is None and (throttler is None or not throttler.shared):
+                waiting.outcome = Redirect()
+                out.woken.append(waiting)
+        out.effects = collected.result()
+        return out
+
+    # -- the exchange's messages --------------------------------------------------
+
+    def receive(self, message: Message, services: Mapping[str, ServiceThrottler], now: float) -> LedgerEffects:
+        """Apply one message of the exchange."""
+        out = LedgerEffects()
+        if isinstance(message, Lend):
+            waiting = self.waiting.get(message.request)
+            if waiting is None or waiting.outcome is not None:  # it crossed a cancel
+                out.send.append(Offer(message.service, message.owner, message.slot, message.pod))
+            elif message.owner == self.worker and message.slot in self.lent:
+                throttler, grant = self.lent.pop(message.slot)  # ours, back to a request of ours
+                throttler.reclaim(grant)
+                waiting.outcome = grant
+                out.woken.append(waiting)
+            else:
+                waiting.outcome = Borrowed(message.service, message.owner, message.slot, message.pod)
+                out.woken.append(waiting)
+        elif isinstance(message, Decline):
+            entry = self.lent.pop(message.slot, None)
+            if entry is not None:
+                throttler, grant = entry
+                if message.failed is not None:
+                    failure = TransportFailure(throttler.name, grant.pod.address, FailureKind(message.failed))
+                    out.failures.append(failure)
+                out.effects = throttler.release(grant, now)
+        elif isinstance(message, Full):
+            waiting = self.waiting.get(message.request)
+            if waiting is not None and waiting.outcome is None:
+                waiting.outcome = QueueIsFull()
+                out.woken.append(waiting)
+        elif isinstance(message, Contended):
+            if message.contended:
+                self.contended.add(message.service)
+            else:
+                self.contended.discard(message.service)
+            service = services.get(message.service)
+            if service is not None:
+                out.effects = service.set_contended(message.contended)
+        else:  # Reserved
+            service = services.get(message.service)
+            if service is not None:
+                self.lent[message.slot] = (service, service.reserve(message.pod))
+        return out

@@ -1,0 +1,161 @@
+"""``GET /metrics``: the StatsD metrics' meanings in the Prometheus text format.
+
+What this module decides:
+
+- Every value is read from one ``/status`` document (a single process's, or the
+  supervisor's merge of its workers', so both serve the same metrics). Nothing is
+  counted here and the request path does nothing for it: the counters are the history's
+  (``history.Counters``) and the pod trackers', the gauges the topology's.
+- Names are ``activator_...``, counters end in ``_total``; ``service`` and ``pod`` (the
+  pod's address as written in the file) are labels, never part of a name, so one
+  scrape config covers every pod. The meanings are those of the StatsD metrics
+  (SPEC.md): ``requests``, ``responses.{class}``, ``rejected.{reason}``, ``latency``
+  and ``queue_wait`` (histograms here, in seconds), the gauges ``queued`` /
+  ``in_flight`` / ``tunnels`` / ``capacity`` / ``pods.{state}`` / ``pod.in_flight``,
+  the per-pod transport failure counters, pod state changes, config reloads.
+- ``activator_capacity`` is omitted for an unlimited service (``container_concurrency:
+  0`` with a healthy pod), as in StatsD. With workers, a pod the workers see in
+  different states counts in ``activator_pods`` under each of them.
+- Rendered through prometheus_client's public API only: a collector of our own
+  (``collect()`` yields metric families) in a private ``CollectorRegistry``, written by
+  ``generate_latest``. The process-wide default registry is never used.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+
+from .history import CLASSES, STATES
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+_FAILURE_KINDS = ("connect_errors", "timeouts", "resets")
+
+
+class StatusCollector:
+    """A prometheus_client collector of one /status document."""
+
+    def __init__(self, status: Mapping[str, Any]) -> None:
+        self.status = status
+
+    def collect(self) -> Iterator[Metric]:
+        return families(self.status)
+
+
+def render(status: Mapping[str, Any]) -> bytes:
+    """The Prometheus text exposition of ``status``."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(StatusCollector(status))
+    return generate_latest(registry)
+
+
+def _counter(name: str, doc: str, labels: list[str]) -> CounterMetricFamily:
+    return CounterMetricFamily(name, doc, labels=labels)
+
+
+def _gauge(name: str, doc: str, labels: list[str]) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc, labels=labels)
+
+
+def _histogram(family: HistogramMetricFamily, labels: list[str], histogram: Mapping[str, Any] | None) -> None:
+    if not histogram:
+        return
+    buckets: list[tuple[str, float]] = []
+    seen = 0
+    bounds = histogram["bounds"]
+    for bound, count in zip([*bounds, None], histogram["counts"], strict=True):
+        seen += count
+        buckets.append(("+Inf" if bound is None else repr(float(bound)), float(seen)))
+    family.add_metric(labels, buckets, histogram["sum"])
+
+
+def families(status: Mapping[str, Any]) -> Iterator[Metric]:
+    """Every metric family of ``status`` (see the module docstring)."""
+    s, sp = ["service"], ["service", "pod"]
+    info = _gauge("activator_info", "This activator: version and name (always 1)", ["version", "self"])
+    info.add_metric([str(status.get("version", "")), str(status.get("activator", {}).get("self") or "")], 1)
+    ready = _gauge("activator_ready", "1 while serving (/readyz is 200), else 0", [])
+    ready.add_metric([], 1 if status.get("ready") else 0)
+    reloads = _counter("activator_config_reloads", "Config reloads by result (ok, failed)", ["result"])
+    for result in ("ok", "failed"):
+        reloads.add_metric([result], status.get("reloads", {}).get(result, 0))
+    yield from (info, ready, reloads)
+
+    requests = _counter("activator_requests", "Requests routed to the service", s)
+    responses = _counter("activator_responses", "Answers by status class, the activator's own included", [*s, "class"])
+    rejected = _counter(
+        "activator_rejected",
+        "Requests the activator answered itself instead of a pod, by X-Activator-Reason",
+        [*s, "reason"],
+    )
+    bytes_in = _counter("activator_request_body_bytes", "Request body bytes received from clients", s)
+    bytes_out = _counter("activator_response_body_bytes", "Response body bytes sent to clients", s)
+    latency = HistogramMetricFamily(
+        "activator_request_duration_seconds", "Arrival to last byte, by the time the request ended", labels=s
+    )
+    queue_wait = HistogramMetricFamily(
+        "activator_queue_wait_seconds", "Arrival to slot, of the requests that got one", labels=s
+    )
+    queued = _gauge("activator_queued", "Requests waiting for a slot", s)
+    in_flight = _gauge("activator_in_flight", "Requests holding a slot", s)
+    tunnels = _gauge("activator_tunnels", "Open upgraded connections (WebSockets), each holding a slot", s)
+    capacity = _gauge("activator_capacity", "Usable slots: healthy pods' slots owned here", s)
+    oldest = _gauge("activator_oldest_wait_seconds", "How long the oldest waiter has waited", s)
+    pods = _gauge("activator_pods", "Pods per state", [*s, "state"])
+    transitions = _counter("activator_pod_transitions", "Pod state changes, by the new state", [*s, "state"])
+    pod_state = _gauge("activator_pod_state", "1 for the pod's current state", [*sp, "state"])
+    pod_in_flight = _gauge("activator_pod_in_flight", "Requests holding a slot on the pod", sp)
+    pod_slots = _gauge("activator_pod_slots", "The pod's slots owned here (absent: unlimited)", sp)
+    pod_requests = _counter("activator_pod_requests", "Requests sent to the pod (slots granted)", sp)
+    pod_streak = _gauge("activator_pod_consecutive_failures", "Transport failures in a row on the pod", sp)
+    pod_failures = {
+        kind: _counter(f"activator_pod_{kind}", f"Transport failures on the pod: {kind.replace('_', ' ')}", sp)
+        for kind in _FAILURE_KINDS
+    }
+    for name, service in status.get("services", {}).items():
+        labels = [name]
+        totals = service.get("totals", {})
+        requests.add_metric(labels, totals.get("requests", 0))
+        for cls in CLASSES:
+            responses.add_metric([name, cls], totals.get("responses", {}).get(cls, 0))
+        for reason, count in totals.get("rejected", {}).items():
+            rejected.add_metric([name, reason], count)
+        bytes_in.add_metric(labels, totals.get("bytes_in", 0))
+        bytes_out.add_metric(labels, totals.get("bytes_out", 0))
+        _histogram(latency, labels, service.get("latency_seconds"))
+        _histogram(queue_wait, labels, service.get("queue_wait_seconds"))
+        queued.add_metric(labels, service["queued"])
+        in_flight.add_metric(labels, service["in_flight"])
+        tunnels.add_metric(labels, service.get("tunnels", 0))
+        if service.get("capacity") is not None:
+            capacity.add_metric(labels, service["capacity"])
+        oldest.add_metric(labels, service.get("oldest_wait_seconds", 0))
+        per_state = dict.fromkeys(STATES, 0)
+        for state, count in totals.get("pod_transitions", {}).items():
+            transitions.add_metric([name, state], count)
+        for pod in service.get("pods", ()):
+            address = pod["address"]
+            on_pod = [name, address]
+            states = set(pod["state"].split("/"))
+            for state in states:
+                per_state[state] = per_state.get(state, 0) + 1
+                pod_state.add_metric([*on_pod, state], 1)
+            pod_in_flight.add_metric(on_pod, pod["in_flight"])
+            if pod.get("slots") is not None:
+                pod_slots.add_metric(on_pod, pod["slots"])
+            pod_requests.add_metric(on_pod, pod.get("requests", 0))
+            pod_streak.add_metric(on_pod, pod.get("failures", 0))
+            by_kind = dict.fromkeys(_FAILURE_KINDS, 0)
+            for key, count in pod.get("transport_failures", {}).items():
+                kind = key.split(".")[0]
+                by_kind[kind] = by_kind.get(kind, 0) + count
+            for kind, family in pod_failures.items():
+                family.add_metric(on_pod, by_kind[kind])
+        for state, count in per_state.items():
+            pods.add_metric([name, state], count)
+    yield from (requests, responses, rejected, bytes_in, bytes_out, latency, queue_wait)
+    yield from (queued, in_flight, tunnels, capacity, oldest, pods, transitions)
+    yield from (pod_state, pod_in_flight, pod_slots, pod_requests, pod_streak, *pod_failures.values())
