@@ -30,7 +30,7 @@ Pure: no I/O, time passed in.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -104,6 +104,9 @@ class Fleet:
         #: Peers that left the file, still checked until nothing of theirs is in use.
         self.departed: dict[str, str] = {}
         self.handovers = HandOvers()
+        #: (service, pod) -> the issuers whose views capped it here and lifted since: they
+        #: answer before a gain of it is used.
+        self.lifted: dict[tuple[str, str], set[str]] = {}
         #: Peer health changes since the shell last took them.
         self.changes: list[PeerChange] = []
 
@@ -157,7 +160,7 @@ class Fleet:
         self.shares[service.name] = new
         if old is not None and old.mine is not None and new.mine is not None:
             deadline = None if service.request_timeout is None else now + service.request_timeout + grace
-            self._plan(service.name, old, new, now, deadline, self._shrunk_holders)
+            self._plan(service.name, old, new, now, deadline)
         return self.usable(service.name)
 
     def usable(self, service: str) -> dict[str, int] | None:
@@ -175,7 +178,9 @@ class Fleet:
         assert config is not None
         peers = config.activators
         several = peers is not None and len(peers.peers) > 1
-        if service.container_concurrency == 0 or (not several and self.workers <= 1):
+        # Back to one activator: still divided (all of it ours) while a peer that left may
+        # run requests on what comes to us, so that the gain waits for it.
+        if service.container_concurrency == 0 or (not several and self.workers <= 1 and not self.departed):
             return Shares()
         limits = {pod.address: service.container_concurrency for pod in service.pods if not pod.drain}
         shares = Shares(pods=tuple(limits), mine=dict(limits))
@@ -200,8 +205,11 @@ class Fleet:
             shares.capped_by += _below(division[str(self.worker_index)], caps)
         return shares
 
-    def _shrunk_holders(self, old: Shares, new: Shares, pod: str) -> dict[str, int]:
-        """Every other holder whose share of ``pod`` shrank (peers, leavers, siblings)."""
+    def _holders(self, service: str, old: Shares, new: Shares, pod: str) -> dict[str, int]:
+        """Who must answer before more of ``pod`` is used here, each with the share it must
+        be at or under: every holder (peer, leaver, sibling) whose share of it shrank in
+        our file, every peer that left the file, and every peer whose view capped it here
+        and lifted since (it may still run requests on the slot)."""
         holders: dict[str, int] = {}
         for before_all, after_all, me in (
             (old.activators, new.activators, self.me),
@@ -214,6 +222,11 @@ class Fleet:
                 after = after_all.get(holder, {}).get(pod, 0)
                 if before > after:
                     holders[holder] = after
+        for name in self.departed:
+            holders[name] = 0
+        for name in self.lifted.pop((service, pod), set()):
+            level = new.workers if name.startswith("worker ") else new.activators
+            holders.setdefault(name, level.get(name, {}).get(pod, 0))
         return holders
 
     def _plan(
@@ -223,13 +236,12 @@ class Fleet:
         new: Shares,
         now: float,
         deadline: float | None,
-        holders_of: Callable[[Shares, Shares, str], dict[str, int]],
     ) -> None:
         assert old.mine is not None and new.mine is not None
         for pod, share in new.mine.items():
             before = old.mine.get(pod, 0)
             if share > before:
-                self.handovers.plan(service, pod, share - before, holders_of(old, new, pod), now, deadline)
+                self.handovers.plan(service, pod, share - before, self._holders(service, old, new, pod), now, deadline)
             elif share < before:
                 self.handovers.shrink(service, pod, share)
         for pod in set(old.mine) - set(new.mine):
@@ -241,23 +253,25 @@ class Fleet:
         """A check came in with ``issuer``'s view of our shares: the services to re-apply."""
         if not self._valid_issuer(issuer) or self.views.get(issuer) == view:
             return set()
+        before = self.views.get(issuer, {})
         self.views[issuer] = view
+        for service_name, caps in before.items():
+            for pod, cap in caps.items():
+                if view.get(service_name, {}).get(pod, cap + 1) > cap:
+                    self.lifted.setdefault((service_name, pod), set()).add(issuer)
         changed: set[str] = set()
         grace = self.config.grace_period if self.config is not None else 0.0
-
-        def the_issuer(old: Shares, new: Shares, pod: str) -> dict[str, int]:
-            level = new.workers if issuer.startswith("worker ") else new.activators
-            return {issuer: level.get(issuer, {}).get(pod, 0)}
-
         for service in services:
             old = self.shares.get(service.name)
-            new = self._divide(service)
-            if old is None or old.mine == new.mine:
+            if old is None:
                 continue
-            self.shares[service.name] = new
+            new = self._divide(service)
+            self.shares[service.name] = new  # (capped_by may change with the same share)
+            if old.mine == new.mine:
+                continue
             if old.mine is not None and new.mine is not None:
                 deadline = None if service.request_timeout is None else now + service.request_timeout + grace
-                self._plan(service.name, old, new, now, deadline, the_issuer)
+                self._plan(service.name, old, new, now, deadline)
             changed.add(service.name)
         return changed
 

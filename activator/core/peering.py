@@ -165,6 +165,8 @@ def _json_object(body: bytes) -> dict[str, Any]:
         data = json.loads(body)
     except (UnicodeDecodeError, ValueError):
         raise ValueError("not JSON") from None
+    except RecursionError:  # a body nested too deeply for the parser
+        raise ValueError("JSON nested too deeply") from None
     if not isinstance(data, dict):
         raise ValueError("not a JSON object")
     return data

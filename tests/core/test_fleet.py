@@ -11,12 +11,12 @@ Every fleet here is built as the topology builds it: ``configure`` with the file
   the change with nothing of them in use, then usable rises and the peer is forgotten; or
   until the longest request life (``request_timeout`` + grace) has passed (``expire``);
   without a ``request_timeout`` only the answer releases them. A peer added takes its
-  share at once. Going back to one activator, and a cap lifted by removing the peer that
-  set it, are known gaps (xfail).
+  share at once. Going back to one activator waits for the leaver the same way, and so
+  does a cap lifted by removing the peer that set it.
 - **Views.** A peer's view below our share caps it (``capped_by``); the cap lifting is a
   hand-over that waits for that peer; views from unknown, removed or own names are ignored.
-  Two peers capping the same pod are a known gap (xfail): the second is not shown in
-  ``capped_by``, and the first lifting its cap under the second's is never waited on.
+  Two peers capping the same pod: both are shown in ``capped_by``, and when the second
+  lifts its cap, the first (lifted earlier, under the second's) is waited on too.
 - **Forwards.** A service this activator owns nothing of goes to an owner that is not down,
   the same one while it stays so, and raises PeerUnavailable when every owner is down; an
   activator with slots but its capacity spent goes to an UP peer that reported capacity.
@@ -283,18 +283,6 @@ def test_after_a_removal_nothing_moved_is_used_before_its_old_holders_answer(pod
     assert fleet.handovers.pending == {} and fleet.departed == {}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason=(
-        "Going from two activators (one worker each) back to one: Fleet._divide returns Shares() "
-        "(mine None: every slot) as soon as the file lists one activator, and follow() plans a "
-        "hand-over only when both the old and the new mine are not None, so the removed peer's "
-        "slots are used at once while it may still run requests on them (the removed peer is put "
-        "in `departed` but nothing waits on it, and the next expire() forgets it). The module "
-        "docstrings say every peer removed from the file must answer (or be waited out) first."
-    ),
-)
 def test_back_to_one_activator_waits_for_the_removed_peer() -> None:
     api = svc(*SIX, cc=1)
     fleet = fleet_of("vm-a", ("vm-a", "vm-b"), api)
@@ -364,15 +352,6 @@ def test_a_view_that_leaves_our_share_as_it_is_changes_nothing() -> None:
     assert fleet.usable("api") == OURS and fleet.snapshot_service("api", 2.0)["capped_by"] == []
 
 
-TWO_CAPS_REASON = (
-    "view_received() skips a service whose usable share (mine) the new view leaves as it is, "
-    "without storing the new Shares: with vm-b and vm-c both capping the same pod, vm-c's cap "
-    "is never recorded in capped_by, and vm-b lifting its cap (while vm-c's still holds) is "
-    "neither shown nor planned, so when vm-c lifts later the hand-over waits on vm-c only, "
-    "though vm-b's cap lifted too (peering's docstring: every peer whose cap lifted answers first)."
-)
-
-
 def capped_by_two() -> Fleet:
     fleet = fleet_of("vm-a", ABC, API3)
     view = {"api": {**OURS, CAPPED_POD: 0}}
@@ -383,12 +362,10 @@ def capped_by_two() -> Fleet:
     return fleet
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=TWO_CAPS_REASON)
 def test_capped_by_names_the_peer_whose_view_caps_us() -> None:
     assert capped_by_two().snapshot_service("api", 2.0)["capped_by"] == ["vm-c"]
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=TWO_CAPS_REASON)
 def test_a_cap_lifted_under_another_cap_is_waited_on_too() -> None:
     fleet = capped_by_two()
     assert fleet.view_received("vm-c", {"api": dict(OURS)}, [API3], 3.0) == {"api"}
@@ -415,7 +392,7 @@ def test_a_sibling_workers_view_caps_this_worker() -> None:
 
 
 def test_a_removed_peers_view_is_dropped() -> None:
-    # (the scenario of the xfail below: the capped pod stays ours when vm-b leaves)
+    # (the scenario of the test below: the capped pod stays ours when vm-b leaves)
     assert division(API3, ("vm-a", "vm-c"))["vm-a"].get(CAPPED_POD) == 1
     fleet = capped_fleet()
     apply(fleet, config("vm-a", ("vm-a", "vm-c"), API3), 10.0)
@@ -424,18 +401,6 @@ def test_a_removed_peers_view_is_dropped() -> None:
     assert fleet.view_received("vm-b", {"api": {CAPPED_POD: 0}}, [API3], 11.0) == set()  # it left
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason=(
-        "A cap lifted by removing the peer that set it is not a hand-over: configure() drops the "
-        "removed peer's view, and follow() plans with _shrunk_holders, which waits only on holders "
-        "whose share of the pod shrank in OUR file. The issuer's share of the capped pod was 0 in "
-        "our file before and after, so the pod its view kept from us (it may be running requests "
-        "on it) is usable at once, while peering's docstring says a peer 'whose cap lifted, and "
-        "every peer removed from the file' must answer (or be waited out) first."
-    ),
-)
 def test_a_cap_lifted_by_removing_its_issuer_waits_for_it() -> None:
     fleet = capped_fleet()
     usable = apply(fleet, config("vm-a", ("vm-a", "vm-c"), API3), 10.0)["api"]

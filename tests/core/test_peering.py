@@ -222,17 +222,6 @@ def test_a_malformed_answer_is_a_value_error(body: bytes, message: str) -> None:
         decode_answer(body)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=RecursionError,
-    reason=(
-        "decode_check/decode_answer promise ValueError for anything but a check/answer, but a "
-        "deeply nested body (about 1000 levels, a few KB) makes json.loads raise RecursionError, "
-        "which _json_object does not catch. activator/peers.py serve() decodes the check BEFORE "
-        "verifying its proof and catches only (PeerAuthError, ValueError), so any client of the "
-        "proxy port can make the peer endpoint raise instead of answering 403."
-    ),
-)
 @pytest.mark.parametrize(
     "body",
     [b"[" * 5000, b'{"sender": "x", "scope": "activator", "view": ' + b'{"a": ' * 5000],

@@ -19,8 +19,9 @@ from activator.core.config import (
     diff_configs,
 )
 from activator.core.errors import UnknownHost
-from activator.core.events import ConfigChanged, ProbeReport, Tick, TransportFailure
+from activator.core.events import ConfigChanged, PeerChecked, ProbeReport, Tick, TransportFailure
 from activator.core.failures import FailureKind
+from activator.core.peering import Answer
 from activator.core.probes import Verdict
 from activator.core.states import PodEvent, PodState
 from activator.core.throttler import Grant, Waiter
@@ -370,17 +371,24 @@ def test_workers_divide_this_activators_slots() -> None:
 
 
 def test_peer_removed_gives_this_activator_every_slot() -> None:
-    # Knative TestActivatorsIndexUpdate: 2 activators, then the peer leaves.
+    # Knative TestActivatorsIndexUpdate: 2 activators, then the peer leaves; here the slot
+    # comes once the leaver said it runs nothing on it (it may still finish a request).
     api = service("api", ("api",), A, cc=1)
     views = [topo(config(api, activators=peers("vm-a", "vm-b", me=me))) for me in ("vm-a", "vm-b")]
     assert sorted(v.route("api").capacity or 0 for v in views) == [0, 1]
     loser = next(v for v in views if v.route("api").capacity == 0)
     assert loser.config.activators is not None
     me = loser.config.activators.self_name
+    leaver = next(name for name in ("vm-a", "vm-b") if name != me)
     w = waiter_of(loser.route("api").acquire(0.5))
     # The peers changed: the diff names no service, every division is made again.
     new = config(api, activators=peers(me, me=me))
-    expect(loser.handle(changed(loser, new), 1.0), woken=[w])
+    expect(loser.handle(changed(loser, new), 1.0), woken=[])
+    assert loser.route("api").capacity == 0
+    busy = Answer(leaver, {"api": {A: 1}}, {"api": 1})
+    expect(loser.handle(PeerChecked(leaver, 1.5, busy), 2.0), woken=[])
+    idle = Answer(leaver, {"api": {A: 0}}, {"api": 1})
+    expect(loser.handle(PeerChecked(leaver, 2.5, idle), 3.0), woken=[w])
     assert loser.route("api").capacity == 1
 
 
