@@ -111,6 +111,17 @@ def fetch_status(admin: str) -> dict[str, Any]:
         return status
 
 
+def _peer_label(name: str, address: str, me: str | None, health: dict[str, Any]) -> str:
+    """``vm-b=10.0.0.2:8080 up`` (``(self)`` for this one, the last error when down)."""
+    if name == me:
+        return f"{name}={address} (self)"
+    peer = health.get(name)
+    if peer is None:
+        return f"{name}={address}"
+    error = f" ({peer['last_error']})" if peer["state"] == "down" and peer.get("last_error") else ""
+    return f"{name}={address} {peer['state']}{error}"
+
+
 def _seconds(value: float) -> str:
     return f"{value * 1000:.0f}ms" if value < 1 else f"{value:.1f}s"
 
@@ -126,11 +137,14 @@ def format_status(status: dict[str, Any]) -> str:
     if config["last_error"]:
         lines.append(f"last reload failed: {config['last_error']}")
     peers = status["activator"]["peers"]
+    health = status["activator"].get("health") or {}
     if peers:
         lines.append(
-            "peers: "
-            + ", ".join(f"{n}={a}" + (" (self)" if n == status["activator"]["self"] else "") for n, a in peers.items())
+            "peers: " + ", ".join(_peer_label(n, a, status["activator"]["self"], health) for n, a in peers.items())
         )
+    for name, peer in health.items():
+        if name not in peers:
+            lines.append(f"left the file, still checked: {name}={peer['address']} {peer['state']}")
     for name, service in status["services"].items():
         capacity = "unlimited" if service["capacity"] is None else service["capacity"]
         lines.append("")

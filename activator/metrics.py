@@ -86,6 +86,7 @@ from gevent.resolver.blocking import Resolver as BlockingResolver
 
 from .core.config import Address, StatsdConfig
 from .core.failures import FailureKind
+from .core.peering import PeerState
 from .core.states import PodState
 from .core.throttler import PodTracker, ServiceThrottler, Transition
 from .core.topology import Topology
@@ -341,6 +342,7 @@ class _ServiceNames:
         "in_flight",
         "tunnels",
         "capacity",
+        "handover_slots",
         "pods_in_state",
         "transitions",
         "pods",
@@ -358,6 +360,7 @@ class _ServiceNames:
         self.in_flight = namer("in_flight", service, gauge=True)
         self.tunnels = namer("tunnels", service, gauge=True)
         self.capacity = namer("capacity", service, gauge=True)
+        self.handover_slots = namer("handover_slots", service, gauge=True)
         self.pods_in_state = {state: namer(f"pods.{state.value}", service, gauge=True) for state in _POD_STATES}
         self.transitions = {state: namer(f"pod_transitions.{state.value}", service) for state in PodState}
         self.pods: dict[str, _PodNames] = {}
@@ -519,6 +522,9 @@ class StatsdMetrics:
                 batch.count(metric, value)
 
         live: dict[str, ServiceThrottler] = self.topology.services
+        fleet = self.topology.fleet
+        for peer, health in fleet.health.items():
+            gauge(self._namer(f"peer.{peer}.up", gauge=True), 1 if health.state is PeerState.UP else 0)
         for throttler in live.values():
             names = self._services.get(throttler.name) or self._names(throttler.name)
             gauge(names.queued, throttler.queued)
@@ -526,6 +532,8 @@ class StatsdMetrics:
             gauge(names.tunnels, throttler.tunnels)
             if throttler.config.container_concurrency != 0:
                 gauge(names.capacity, throttler.capacity or 0)
+            if fleet.divided(throttler.name):
+                gauge(names.handover_slots, fleet.held_slots(throttler.name))
             per_state = dict.fromkeys(_POD_STATES, 0)
             for tracker in throttler.trackers.values():
                 if tracker.state in per_state:

@@ -53,7 +53,7 @@ STYLE = (
     "table{border-collapse:collapse;margin:.5em 0 1em}"
     "td,th{border:1px solid #ccc;padding:3px 8px;text-align:right;white-space:nowrap}th{background:#eee}"
     "td.l,th.l{text-align:left}.state{color:#fff;border-radius:3px;padding:1px 6px}.busy{background:#fff3e0}"
-    ".err{color:#b71c1c}.muted{color:#757575}section{margin-bottom:2em}"
+    ".err,.peer-down{color:#b71c1c}.peer-up{color:#2e7d32}.muted{color:#757575}section{margin-bottom:2em}"
     ".charts{display:flex;flex-wrap:wrap;gap:1em}figure{margin:0}figcaption{font-size:12px;color:#424242}"
     "svg.spark{background:#fafafa;border:1px solid #e0e0e0}"
     ".key{display:inline-block;width:10px;height:3px;vertical-align:middle;margin:0 3px 0 8px}"
@@ -394,9 +394,15 @@ def render_page(status: Mapping[str, Any], history: Mapping[str, Any] | None = N
     peers = status.get("activator", {}).get("peers") or {}
     if peers:
         me = status["activator"].get("self")
-        parts.append(
-            "<p>peers: " + ", ".join(f"<b>{esc(n)}</b>" if n == me else esc(n) for n in sorted(peers)) + "</p>"
-        )
+        health = status["activator"].get("health") or {}
+
+        def label(name: str) -> str:
+            if name == me:
+                return f"<b>{esc(name)}</b>"
+            state = health.get(name, {}).get("state")
+            return esc(name) if state is None else f"{esc(name)} <span class='peer-{esc(state)}'>{esc(state)}</span>"
+
+        parts.append("<p>peers: " + ", ".join(label(n) for n in sorted(peers)) + "</p>")
     workers = status.get("workers")
     if workers:
         parts.append(

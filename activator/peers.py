@@ -129,9 +129,10 @@ class PeerEndpoint:
         gevent.joinall(jobs)
         answers = []
         for job in jobs:
-            if not job.successful() or job.value is None:
+            outcome = job.value if job.successful() else None
+            if outcome is None or isinstance(outcome, str):  # no answer, or REFUSED
                 return None
-            status, data = job.value
+            status, data, _ = outcome
             try:
                 answers.append(peering.decode_answer(data) if status == 200 else None)
             except ValueError:
@@ -199,6 +200,9 @@ class PeerChecker:
         timeout = peers.timeout if peers is not None else 1.0
         try:
             outcome = _post(target.address, body, headers, timeout)
+            if isinstance(outcome, str):  # REFUSED
+                self.post(PeerChecked(target.name, asked_at, None, "connection refused", refused=True))
+                return
             if outcome is None:
                 raise ValueError("no answer")
             status, data, proof = outcome
@@ -238,8 +242,15 @@ def _respond(
     exchange.finish()
 
 
-def _post(address: str, body: bytes, headers: list[Header], timeout: float) -> tuple[int, bytes, bytes | None] | None:
-    """One POST of a check to ``address``: (status, body, its proof header)."""
+#: What ``_post`` returns when the peer's port refused the connection.
+REFUSED = "refused"
+
+
+def _post(
+    address: str, body: bytes, headers: list[Header], timeout: float
+) -> tuple[int, bytes, bytes | None] | str | None:
+    """One POST of a check to ``address``: (status, body, its proof header); REFUSED when
+    nothing listens there; None for any other failure."""
     host, port = split_address(address)
     pool = UpstreamPool(host, port, max_idle=0)
     try:
@@ -260,6 +271,6 @@ def _post(address: str, body: bytes, headers: list[Header], timeout: float) -> t
             response.close()
     except Exception as error:  # refused, timed out, broken: no answer
         log.debug("peer check to %s: %s", address, error)
-        return None
+        return REFUSED if isinstance(error.__cause__, ConnectionRefusedError) else None
     finally:
         pool.close()

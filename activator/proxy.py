@@ -327,15 +327,18 @@ class Proxy:
             http.connection_tokens(exchange.connection_values),
             exchange.upgrade_value if exchange.upgrade else None,
         )
-        target = self.topology.forward_target(throttler.name)
-        if target is None or not may_forward(marker):
-            wait = config.queue_timeout if deadline is None else min(config.queue_timeout, deadline - record.start)
+        while True:
+            target = self.topology.forward_target(throttler.name)
+            if target is not None and may_forward(marker, self.topology.capped(throttler.name)):
+                break
+            now = time.monotonic()
+            wait = record.start + config.queue_timeout - now
+            if deadline is not None:
+                wait = min(wait, deadline - now)
             try:
-                lease = self._acquire(throttler, wait, exchange, record.start)
+                lease = self._acquire(throttler, max(0.0, wait), exchange, record.start)
             except gate.Redirected:
-                target = self.topology.forward_target(throttler.name)
-                if target is None or not may_forward(marker):
-                    raise QueueTimeout() from None
+                continue  # its slots went elsewhere: it follows them, or waits here again
             except QueueTimeout:
                 if deadline is not None and time.monotonic() >= deadline:
                     raise DeadlineExceeded("grpc-timeout passed while queued") from None

@@ -106,6 +106,7 @@ class Runtime:
             time.monotonic(),
             worker_index=worker.index if worker else 0,
             workers=worker.addresses if worker else (),
+            hand_over_at_start=True,
         )
         self.observer.metrics = make_metrics(config.statsd, self.topology)
         self.actor = Actor(self.observer, self._states_changed, self._lend if worker else None)
@@ -380,6 +381,7 @@ class Runtime:
             "activator": {
                 "self": peers.self_name if peers else None,
                 "peers": {name: str(addr) for name, addr in sorted(peers.peers.items())} if peers else {},
+                "health": self.topology.fleet.snapshot_peers(now),
             },
             "config": {
                 "path": self.path,

@@ -453,6 +453,15 @@ class _Parser:
             admin = top.optional("admin", lambda v, p: self.address(v, p, listener=True))
         if admin and admin.port == listen.port and _overlap(admin.host, listen.host):
             raise self.fail(("admin",), f"must not be the proxy's address {listen}")
+        tls = top.optional("tls", self.tls)
+        activators = top.optional("activators", self.activators)
+        if tls is not None and activators is not None and len(activators.peers) > 1:
+            # Peers forward and check over plain HTTP on each other's proxy port.
+            raise self.fail(
+                ("tls",),
+                "cannot be combined with several activators yet (peers talk plain HTTP on the proxy port): "
+                "terminate TLS in front of the activators",
+            )
         return Config(
             path=self.filename,
             listen=listen,
@@ -462,8 +471,8 @@ class _Parser:
             access_log=top.boolean("access_log", default.access_log),
             limits=self.limits(top.get("limits")) if top.has("limits") else default.limits,
             statsd=top.optional("statsd", self.statsd),
-            tls=top.optional("tls", self.tls),
-            activators=top.optional("activators", self.activators),
+            tls=tls,
+            activators=activators,
             services=self.services(top.get("services")),
         )
 

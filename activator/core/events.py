@@ -62,12 +62,14 @@ class ViewReceived:
 @dataclass(frozen=True)
 class PeerChecked:
     """Our check of ``peer`` (made at ``asked_at``, monotonic) got ``answer``, or none
-    (``error`` says why)."""
+    (``error`` says why). ``refused``: its port refused the connection, so no activator
+    runs there (and none of its requests do): a hand-over need not wait for it."""
 
     peer: str
     asked_at: float
     answer: Answer | None
     error: str = ""
+    refused: bool = False
 
 
 Event = ConfigChanged | ProbeReport | TransportFailure | Tick | ViewReceived | PeerChecked

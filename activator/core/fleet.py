@@ -92,7 +92,9 @@ def worker_name(index: int) -> str:
 class Fleet:
     """This process's view of the fleet (see the module docstring). Does not yield."""
 
-    def __init__(self, worker_index: int = 0, workers: int = 1) -> None:
+    def __init__(self, worker_index: int = 0, workers: int = 1, *, hand_over_at_start: bool = False) -> None:
+        #: Whether a service's first shares wait for the peers (see ``follow``).
+        self.hand_over_at_start = hand_over_at_start
         self.worker_index = worker_index
         self.workers = workers
         self.me_worker = worker_name(worker_index)
@@ -158,9 +160,16 @@ class Fleet:
         new = self._divide(service)
         old = self.shares.get(service.name)
         self.shares[service.name] = new
+        deadline = None if service.request_timeout is None else now + service.request_timeout + grace
         if old is not None and old.mine is not None and new.mine is not None:
-            deadline = None if service.request_timeout is None else now + service.request_timeout + grace
             self._plan(service.name, old, new, now, deadline)
+        elif old is None and self.hand_over_at_start and new.mine is not None and new.activators:
+            # New here (a start, or a service added): the peers may run requests on what is
+            # ours by this file (theirs by an older one): each answers first, with what it
+            # runs at or under its share by ours (a peer whose port refuses runs nothing).
+            for pod, share in new.mine.items():
+                holders = {name: new.activators.get(name, {}).get(pod, 0) for name in self.health}
+                self.handovers.plan(service.name, pod, share, holders, now, deadline)
         return self.usable(service.name)
 
     def usable(self, service: str) -> dict[str, int] | None:
@@ -169,6 +178,19 @@ class Fleet:
             return None
         held = self.handovers.held
         return {pod: n - min(n, held(service, pod)) for pod, n in shares.mine.items()}
+
+    def divided(self, service: str) -> bool:
+        """Whether the service's slots are shared out (among activators or workers)."""
+        shares = self.shares.get(service)
+        return shares is not None and shares.mine is not None
+
+    def capped(self, service: str) -> bool:
+        shares = self.shares.get(service)
+        return shares is not None and bool(shares.capped_by)
+
+    def held_slots(self, service: str) -> int:
+        """Slots of the service that came to this process and wait for a hand-over."""
+        return sum(gain.slots for (name, _), gain in self.handovers.pending.items() if name == service)
 
     def forget(self, service: str) -> None:
         self.shares.pop(service, None)
@@ -275,8 +297,11 @@ class Fleet:
             changed.add(service.name)
         return changed
 
-    def checked(self, peer: str, asked_at: float, answer: Answer | None, error: str, now: float) -> set[str]:
-        """Our check of ``peer`` was answered (or not): the services to re-apply."""
+    def checked(
+        self, peer: str, asked_at: float, answer: Answer | None, error: str, now: float, refused: bool = False
+    ) -> set[str]:
+        """Our check of ``peer`` was answered (or not; ``refused``: nothing listens there,
+        so nothing of its runs): the services to re-apply."""
         health = self.health.get(peer)
         if answer is None:
             if health is not None:
@@ -285,7 +310,13 @@ class Fleet:
                 old = health.state
                 if health.unanswered(error, now, unhealthy_after):
                     self.changes.append(PeerChange(peer, old, health.state, error))
-            return set()
+            if not refused:
+                return set()
+            released = self.handovers.answered(peer, {}, asked_at)
+            if peer in self.departed and peer not in self.handovers.waiting_on():
+                del self.departed[peer]  # it left and is not running
+                self.health.pop(peer, None)
+            return released
         if health is not None:
             old = health.state
             if health.answered(answer, now):
@@ -325,6 +356,8 @@ class Fleet:
                     return Forward(health.address, name)
             raise PeerUnavailable(f"every owner of {service}'s slots is down")
         if capacity_spent:
+            if self.held_slots(service) and not shares.capped_by:
+                return None  # our slots are on their way (a hand-over): they are waited for
             # The owners first, then any peer that reported usable slots of it (one whose
             # view took ours, while our file says they are ours).
             others = [name for name in sorted(self.health) if name not in shares.owners]

@@ -32,16 +32,20 @@ from .throttler import NO_EFFECTS, Effects, EffectsCollector, ServiceThrottler
 MAX_PEER_HOPS = 2
 
 
-def may_forward(marker: str | None) -> bool:
+def may_forward(marker: str | None, capped: bool = False) -> bool:
     """Whether a request whose hops so far are ``marker`` may go on to a peer.
 
     ``marker`` is its ``X-Activator-Forwarded`` value (``"peer vm-a, peer vm-b"``). A
     request goes to an owner of the service's slots in one hop. While two activators'
     files differ, the peer it was sent to may no longer own a slot and know the new
     owner: a second peer hop is allowed, never a third, so a disagreement cannot loop.
+    One exception, ``capped``: an activator whose peers' views left it no usable slot of
+    the service (it is being removed, or has an older file) passes its waiters on once
+    more, to a peer that reported usable slots: they would wait for nothing here, and a
+    peer with usable slots serves them instead of forwarding them (the chain ends).
     """
     hops = [hop.split()[0] for hop in marker.split(",") if hop.strip()] if marker else []
-    return hops.count("peer") < MAX_PEER_HOPS
+    return hops.count("peer") < MAX_PEER_HOPS + (1 if capped else 0)
 
 
 #: Distinct Host headers remembered by ``route`` before the memo starts over.
@@ -59,7 +63,11 @@ class Topology:
         worker_index: int = 0,
         workers: Sequence[str] = (),
         rng: random.Random | None = None,
+        hand_over_at_start: bool = False,
     ) -> None:
+        """``hand_over_at_start``: a starting process (the server) lets its peers answer
+        before it uses its share (``Fleet``); a topology read from a file alone (``check``)
+        shows its share at once."""
         self._rng = rng
         #: This process's index among the activator's worker processes, and the private
         #: loopback address of each worker (empty: a single process).
@@ -69,7 +77,7 @@ class Topology:
         self._by_host: dict[str, ServiceThrottler] = {}
         self._catch_all: ServiceThrottler | None = None
         #: This process among the other holders of the pods' slots (``core.fleet``).
-        self.fleet = Fleet(worker_index, max(1, len(self.workers)))
+        self.fleet = Fleet(worker_index, max(1, len(self.workers)), hand_over_at_start=hand_over_at_start)
         #: ``workers: N``: the activator's usable slots per service, summed over the
         #: workers (the shell keeps it from the slot exchange); unknown counts as some.
         self.activator_capacity: dict[str, int] = {}
@@ -164,7 +172,7 @@ class Topology:
             services = [self.config.services[name] for name in self.config.services]
             return self._reapply(self.fleet.view_received(event.issuer, event.view, services, now), now)
         if isinstance(event, PeerChecked):
-            released = self.fleet.checked(event.peer, event.asked_at, event.answer, event.error, now)
+            released = self.fleet.checked(event.peer, event.asked_at, event.answer, event.error, now, event.refused)
             collected = EffectsCollector()
             collected.add(self._reapply(released, now))
             if event.answer is not None:  # a peer with usable slots again: stranded waiters go there
@@ -195,6 +203,10 @@ class Topology:
         except PeerUnavailable:
             return NO_EFFECTS  # they wait here: the owners may come back
         return throttler.redirect_waiters() if target is not None else NO_EFFECTS
+
+    def capped(self, service: str) -> bool:
+        """Whether peers' views (newer files than ours) took slots of ``service`` from us."""
+        return self.fleet.capped(service)
 
     def owned_slots(self, service: ServiceConfig) -> Mapping[str, int] | None:
         """Slots of each pod this process may use now; None when it may use them all."""

@@ -330,6 +330,15 @@ INVALID: list[tuple[str, object, str, str]] = [
         "not both",
     ),
     (
+        "tls-with-several-activators",
+        config(
+            tls={"cert": "/etc/activator/tls.crt", "key": "/etc/activator/tls.key"},
+            activators={"self": "vm-a", "peers": PEERS, "secret": SECRET},
+        ),
+        "tls",
+        "cannot be combined with several activators",
+    ),
+    (
         "activators-unhealthy-after-zero",
         config(activators={"self": "vm-a", "peers": PEERS, "secret": SECRET, "unhealthy_after": 0}),
         "activators.unhealthy_after",

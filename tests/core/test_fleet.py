@@ -160,12 +160,50 @@ def test_workers_divide_the_activators_share() -> None:
 # -- hand-over on a new file ---------------------------------------------------------------------
 
 
-def test_the_first_file_plans_no_hand_over() -> None:
+def test_the_first_file_plans_no_hand_over_when_read_from_the_file_alone() -> None:
     api = svc(*SIX, cc=2)
     fleet = fleet_of("vm-a", ABC, api, now=5.0)
     assert fleet.handovers.pending == {} and fleet.departed == {}
     assert fleet.usable("api") == division(api, ABC)["vm-a"]
     assert fleet.snapshot_service("api", 6.0)["handover"] == []
+
+
+def test_a_starting_process_waits_for_each_peer_before_using_its_share() -> None:
+    # A process that starts (the server's topology) cannot know what its peers run on the
+    # slots its file gives it (an older file may give them to the peers): each peer
+    # answers first, at or under its own share by our file.
+    api = svc(*SIX, cc=2)
+    ours, theirs = division(api, ABC)["vm-a"], division(api, ABC)["vm-b"]
+    fleet = Fleet(hand_over_at_start=True)
+    usable = apply(fleet, config("vm-a", ABC, api), 5.0)["api"]
+    assert usable == dict.fromkeys(ours, 0)
+    assert fleet.snapshot_service("api", 5.0)["handover_slots"] == sum(ours.values())
+    # vm-b still runs more than its share of a pod by our file (an older file of its):
+    busy_pod = next(p for p in ours if ours[p])
+    busy = answer("vm-b", {"api": {**dict.fromkeys(SIX, 0), busy_pod: theirs.get(busy_pod, 0) + 1}})
+    assert fleet.checked("vm-b", 6.0, busy, "", 6.5) == set()  # vm-c not heard yet
+    assert fleet.checked("vm-c", 6.0, idle("vm-c", api), "", 6.5) == {"api"}
+    assert fleet.usable("api") == {**ours, busy_pod: 0}  # that pod still waits for vm-b
+    assert fleet.checked("vm-b", 7.0, idle("vm-b", api), "", 7.5) == {"api"}
+    assert fleet.usable("api") == ours
+
+
+def test_a_peer_whose_port_refuses_runs_nothing() -> None:
+    api = svc(*SIX, cc=1)
+    fleet = Fleet(hand_over_at_start=True)
+    apply(fleet, config("vm-a", ABC, api), 5.0)
+    assert fleet.checked("vm-b", 6.0, None, "connection refused", 6.1, refused=True) == set()
+    assert fleet.checked("vm-c", 6.0, None, "timed out", 6.1) == set()  # not known to run nothing
+    assert fleet.usable("api") == dict.fromkeys(division(api, ABC)["vm-a"], 0)
+    assert fleet.checked("vm-c", 7.0, None, "connection refused", 7.1, refused=True) == {"api"}
+    assert fleet.usable("api") == division(api, ABC)["vm-a"]
+
+
+def test_a_departed_peer_whose_port_refuses_is_forgotten() -> None:
+    fleet, _ = removed_c()
+    assert fleet.checked("vm-c", 11.0, None, "connection refused", 11.5, refused=True) == {"api"}
+    assert fleet.usable("api") == AFTER["vm-a"]
+    assert "vm-c" not in fleet.departed and "vm-c" not in fleet.health
 
 
 def test_a_peer_added_takes_its_share_at_once() -> None:

@@ -509,6 +509,11 @@ def test_may_forward(marker: str | None, allowed: bool) -> None:
     assert may_forward(marker) is allowed
 
 
+def test_an_activator_capped_by_its_peers_views_passes_its_waiters_on_once_more() -> None:
+    assert may_forward("peer vm-a, peer vm-b", capped=True)
+    assert not may_forward("peer vm-a, peer vm-b, peer vm-c", capped=True)
+
+
 def test_peer_hops_are_bounded_by_max_peer_hops() -> None:
     marker: str | None = None
     hops = 0

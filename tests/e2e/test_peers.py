@@ -60,7 +60,7 @@ def fleet_config(name: str, peers: Mapping[str, str], services: Mapping[str, Any
     """One activator's file: the same everywhere except ``self`` (and so ``listen``)."""
     return {
         "listen": peers[name],
-        "access_log": False,
+        "access_log": os.environ.get("PEERS_ACCESS_LOG") == "1",
         **top,
         "activators": {"self": name, "peers": dict(peers), "secret": FLEET_SECRET},
         "services": dict(services),
@@ -70,13 +70,16 @@ def fleet_config(name: str, peers: Mapping[str, str], services: Mapping[str, Any
 def start_fleet(
     activator_factory: Callable[..., Activator], names: Sequence[str], services: Mapping[str, Any], **top: Any
 ) -> tuple[dict[str, Activator], dict[str, str]]:
-    """Start one activator per name (all launched, then each waited for)."""
+    """Start one activator per name (all launched, then each waited for, until its peers
+    answered: a starting activator uses its share once they have)."""
     peers = {name: f"{LOCALHOST}:{port}" for name, port in zip(names, free_ports(len(names)), strict=True)}
     acts = {name: activator_factory(fleet_config(name, peers, services, **top), start=False) for name in names}
     for act in acts.values():
         act.start(wait_ready=False)
     for act in acts.values():
         act.wait_ready()
+    for act in acts.values():
+        wait_handed_over(act)
     return acts, peers
 
 
@@ -237,7 +240,9 @@ def test_one_pod_service_is_served_through_every_activator(n, pod_factory, activ
         else:
             assert svc["forward_to"] == f"peer {peers[owner]}", svc
             assert svc["capacity"] == 0
-        assert act.status()["activator"] == {"self": name, "peers": peers}
+        shown = act.status()["activator"]
+        assert (shown["self"], shown["peers"]) == (name, peers)
+        assert set(shown["health"]) == set(peers) - {name}  # every other peer, checked
 
     # One at a time through each activator, then a burst through all of them at once.
     for act in acts.values():
