@@ -191,10 +191,10 @@ def test_the_app_runs_without_the_excluded_modules() -> None:
                 importlib.import_module(info.name)
 
         # What the shell uses lazily, beyond module-level imports.
-        for name in ("gevent.pywsgi", "gevent.pool", "gevent.queue", "gevent.event",
+        for name in ("gevent.pool", "gevent.queue", "gevent.event",
                      "gevent.lock", "gevent.threadpool", "gevent.subprocess",
                      "gevent.server", "gevent.timeout", "gevent.signal", "gevent.ssl",
-                     "falcon", "yaml", "statsd", "geventhttpclient",
+                     "falcon", "yaml", "statsd", "httptools", "h2.connection", "prometheus_client",
                      "http.client", "json", "argparse", "logging.handlers"):
             importlib.import_module(name)
         import gevent, gevent.socket, yaml
