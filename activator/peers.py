@@ -116,7 +116,9 @@ class PeerEndpoint:
             trackers = throttler.trackers if throttler is not None else {}
             in_use[service] = {pod: trackers[pod].in_flight if pod in trackers else 0 for pod in pods}
         capacity = {name: throttler.capacity for name, throttler in services.items()}
-        return Answer(self.me(), in_use, capacity)
+        peers = self.topology.config.activators
+        listed = check.scope == peering.WORKER_SCOPE or (peers is not None and check.sender in peers.peers)
+        return Answer(self.me(), in_use, capacity, listed)
 
     def _relay(self, body: bytes, proof: bytes | None) -> list[Answer] | None:
         """The same check, to every sibling; their answers (None if one did not answer)."""

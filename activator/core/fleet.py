@@ -321,6 +321,8 @@ class Fleet:
             old = health.state
             if health.answered(answer, now):
                 self.changes.append(PeerChange(peer, old, health.state, "answered"))
+        if not answer.listed:
+            return set()  # its counts follow an older file: they release nothing
         released = self.handovers.answered(peer, answer.in_use, asked_at)
         idle = not any(n for pods in answer.in_use.values() for n in pods.values())
         if peer in self.departed and peer not in self.handovers.waiting_on() and idle:

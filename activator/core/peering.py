@@ -103,11 +103,15 @@ class Check:
 @dataclass(frozen=True)
 class Answer:
     """A check's answer: the checked one's in-use count of each pod in the view, and its
-    usable capacity per service (None: unlimited)."""
+    usable capacity per service (None: unlimited). ``listed``: the checker is in the
+    answerer's file (so the answerer applied its view, and its counts follow the same
+    division); a count from one that does not list the checker releases no hand-over:
+    it may start another request on the slot by its older file right after answering."""
 
     name: str
     in_use: PodCounts
     capacity: Mapping[str, int | None]
+    listed: bool = True
 
 
 ACTIVATOR_SCOPE = "activator"
@@ -129,7 +133,9 @@ def decode_check(body: bytes) -> Check:
 
 
 def encode_answer(answer: Answer) -> bytes:
-    return json.dumps({"name": answer.name, "in_use": answer.in_use, "capacity": answer.capacity}).encode()
+    return json.dumps(
+        {"name": answer.name, "in_use": answer.in_use, "capacity": answer.capacity, "listed": answer.listed}
+    ).encode()
 
 
 def decode_answer(body: bytes) -> Answer:
@@ -142,14 +148,19 @@ def decode_answer(body: bytes) -> Answer:
     for value in capacity.values():
         if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
             raise ValueError("a capacity is a count or null")
-    return Answer(name, _pod_counts(data.get("in_use")), capacity)
+    listed = data.get("listed", True)
+    if not isinstance(listed, bool):
+        raise ValueError("listed is true or false")
+    return Answer(name, _pod_counts(data.get("in_use")), capacity, listed)
 
 
 def merge_answers(name: str, answers: Iterable[Answer]) -> Answer:
     """One activator's answer from its workers' (counts and capacities summed)."""
     in_use: dict[str, dict[str, int]] = {}
     capacity: dict[str, int | None] = {}
+    listed = True
     for answer in answers:
+        listed = listed and answer.listed
         for service, pods in answer.in_use.items():
             into = in_use.setdefault(service, {})
             for pod, n in pods.items():
@@ -157,7 +168,7 @@ def merge_answers(name: str, answers: Iterable[Answer]) -> Answer:
         for service, slots in answer.capacity.items():
             total = capacity.get(service, 0)
             capacity[service] = None if slots is None or total is None else total + slots
-    return Answer(name, in_use, capacity)
+    return Answer(name, in_use, capacity, listed)
 
 
 def _json_object(body: bytes) -> dict[str, Any]:

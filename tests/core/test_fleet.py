@@ -188,6 +188,21 @@ def test_a_starting_process_waits_for_each_peer_before_using_its_share() -> None
     assert fleet.usable("api") == ours
 
 
+def test_an_answer_from_a_peer_that_does_not_list_us_releases_nothing() -> None:
+    # A newcomer's peers with an older file (not naming it) answer its checks, but they
+    # may start another request on its slots right after: only their new file ends that.
+    api = svc(*SIX, cc=1)
+    fleet = Fleet(hand_over_at_start=True)
+    apply(fleet, config("vm-a", ABC, api), 5.0)
+    unlisted = Answer("vm-b", idle("vm-b", api).in_use, {"api": 2}, listed=False)
+    assert fleet.checked("vm-b", 6.0, unlisted, "", 6.5) == set()
+    assert fleet.health["vm-b"].state is PeerState.UP  # it answered all the same
+    fleet.checked("vm-c", 6.0, idle("vm-c", api), "", 6.5)
+    assert any(fleet.handovers.pending)
+    fleet.checked("vm-b", 7.0, idle("vm-b", api), "", 7.5)
+    assert fleet.usable("api") == division(api, ABC)["vm-a"]
+
+
 def test_a_peer_whose_port_refuses_runs_nothing() -> None:
     api = svc(*SIX, cc=1)
     fleet = Fleet(hand_over_at_start=True)

@@ -156,12 +156,18 @@ def test_a_check_survives_encode_and_decode(sender: str, scope: str, view: dict[
     assert decode_check(encode_check(check)) == check
 
 
-@given(name=NAMES, in_use=COUNTS, capacity=CAPACITIES)
+@given(name=NAMES, in_use=COUNTS, capacity=CAPACITIES, listed=st.booleans())
 def test_an_answer_survives_encode_and_decode(
-    name: str, in_use: dict[str, dict[str, int]], capacity: dict[str, int | None]
+    name: str, in_use: dict[str, dict[str, int]], capacity: dict[str, int | None], listed: bool
 ) -> None:
-    answer = Answer(name, in_use, capacity)
+    answer = Answer(name, in_use, capacity, listed)
     assert decode_answer(encode_answer(answer)) == answer
+
+
+def test_merged_answers_are_listed_only_if_every_worker_lists_the_checker() -> None:
+    both = merge_answers("vm-a", [Answer("w0", {}, {}), Answer("w1", {}, {}, listed=False)])
+    assert not both.listed
+    assert merge_answers("vm-a", [Answer("w0", {}, {}), Answer("w1", {}, {})]).listed
 
 
 def _json(value: object) -> bytes:
