@@ -495,7 +495,7 @@ class Proxy:
                         exchange.write(piece)
             except UpstreamBodyError as error:
                 # The head is out: the only honest signal left is cutting the connection.
-                record.reason = "upstream-body-cut"
+                record.reason = error.log_reason
                 if lease is not None:
                     lease.failed(error.kind)
                 exchange.cut()

@@ -163,22 +163,25 @@ class UpstreamBodyError(Exception):
     """The response body broke off (reset, EOF, bad chunking) after its head was read.
 
     Not an ``ActivatorError``: the head is out already, so the only answer left is to cut
-    the client's connection.
+    the client's connection. ``log_reason``: what the access log says of the cut.
     """
 
     kind = FailureKind.RESET
+    log_reason = "upstream-body-cut"
 
 
 class UpstreamBodyTimeout(UpstreamBodyError):
     """The response did not finish within the exchange's ``total`` time."""
 
     kind = FailureKind.TIMEOUT
+    log_reason = "upstream-body-timeout"
 
 
 class UpstreamIdle(UpstreamBodyError):
     """The pod sent nothing for ``idle`` seconds mid-body."""
 
     kind = FailureKind.TIMEOUT
+    log_reason = "upstream-idle"
 
 
 class _Stale(Exception):

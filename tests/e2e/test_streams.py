@@ -8,12 +8,12 @@ says so and nothing otherwise. What is proved:
 - with ``request_timeout: null`` a server-sent-event stream lasts as long as the pod
   keeps it going, well past ``response_start_timeout``; the same stream under a short
   ``request_timeout`` is cut: the client sees the chunked body end without its last
-  chunk, and the access log says ``upstream-body-cut``;
+  chunk, and the access log says ``upstream-body-timeout``;
 - a pod's response head reaches the client before any body byte exists (an event stream
   whose first event is late is still open for its client);
 - events are relayed one by one: each reaches the client before the pod sends the next
   (the pod sends the next only when the test has read this one);
-- a pod that stops sending mid-body is cut by ``idle_timeout`` (``upstream-body-cut``);
+- a pod that stops sending mid-body is cut by ``idle_timeout`` (``upstream-idle``);
 - a pod that sends no head within ``response_start_timeout`` gets the client a 504
   ``upstream-timeout``, and its connection is closed.
 
@@ -139,7 +139,7 @@ def test_short_request_timeout_cuts_the_stream_without_its_last_chunk(
     assert SSE_EVENTS - 1 not in ids, body
     assert ids == list(range(len(ids)))  # what came, came whole and in order
     line = act.wait_access(lambda r: r.target == SSE, message="the cut stream's line")
-    assert line.status == 200 and line.reason == "upstream-body-cut", line.line
+    assert line.status == 200 and line.reason == "upstream-body-timeout", line.line
     wait_until(lambda: pod.stats()["in_flight"] == 0, message="the pod saw its connection end")
     settle(act, pod.stats()["peak"])
 
@@ -199,7 +199,7 @@ def test_idle_timeout_cuts_a_pod_that_stops_sending_mid_body(
     assert cut, f"the body ended cleanly: {got + rest!r}"
     assert event_ids(got + rest) == [0]
     line = act.wait_access(lambda r: r.target == "/events?stops=1", message="the cut stream's line")
-    assert line.status == 200 and line.reason == "upstream-body-cut", line.line
+    assert line.status == 200 and line.reason == "upstream-idle", line.line
     stream_pod.wait_stats(lambda s: s["in_flight"] == 0, "the pod's connection closed by the activator")
     assert stream_pod.stats()["notes"] == {"sent": 1}
     settle(act, stream_pod.stats()["peak"])
