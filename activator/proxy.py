@@ -33,6 +33,7 @@ from typing import Any, Protocol
 
 import falcon
 import gevent
+import gevent.event
 
 from . import gate
 from .core import http
@@ -48,7 +49,7 @@ from .core.errors import (
     UpstreamConnectError,
     UpstreamTimeout,
 )
-from .core.events import TransportFailure
+from .core.events import PeerChecked, TransportFailure
 from .core.failures import CONNECT_RETRIES, FailureKind, may_retry_elsewhere
 from .core.fleet import Forward
 from .core.http import BodyFraming, Header
@@ -327,10 +328,23 @@ class Proxy:
             http.connection_tokens(exchange.connection_values),
             exchange.upgrade_value if exchange.upgrade else None,
         )
+        unreachable: set[str] = set()  # peers a forward of this request could not reach
         while True:
             target = self.topology.forward_target(throttler.name)
             if target is not None and may_forward(marker, self.topology.capped(throttler.name)):
-                break
+                if target.name in unreachable:
+                    raise UpstreamConnectError(f"peer {target.name} ({target.address}) is unreachable")
+                try:
+                    self._forward(exchange, pod_headers, marker, target, config, record)
+                    return
+                except UpstreamConnectError as error:
+                    if error.connected or error.body_read:
+                        raise
+                    # Nothing was sent: the peer is told down (at once when its port
+                    # refused), and the request goes to another owner, or waits here.
+                    unreachable.add(target.name)
+                    self._peer_unreachable(target, error)
+                    continue
             now = time.monotonic()
             wait = record.start + config.queue_timeout - now
             if deadline is not None:
@@ -356,7 +370,14 @@ class Proxy:
                 finally:
                     lease.release()
                 return
-        self._forward(exchange, pod_headers, marker, target, config, record)
+
+    def _peer_unreachable(self, target: Forward, error: UpstreamConnectError) -> None:
+        """A forward to ``target`` could not connect: tell the writer, and wait until it
+        applied that (so that the next choice of a target knows)."""
+        refused = isinstance(error.__cause__, ConnectionRefusedError)
+        applied = gevent.event.Event()
+        self.writer.post(PeerChecked(target.name, time.monotonic(), None, f"forward: {error}", refused), applied)
+        applied.wait()
 
     def _acquire(self, throttler: ServiceThrottler, wait: float, exchange: ClientExchange, arrival: float) -> SlotLease:
         """A slot for the request: this process's (FIFO here), or, with ``workers: N``, one
@@ -557,7 +578,7 @@ class Proxy:
 
         def client_left() -> None:
             if waiting:
-                gevent.kill(me, ClientGone("the client hung up while its forwarded request waited"), block=False)
+                gevent.kill(me, ClientGone("the client hung up while its forwarded request waited"))
 
         if not exchange.watch_gone(client_left):
             raise ClientGone("the client hung up before its request was forwarded")

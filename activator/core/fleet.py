@@ -308,7 +308,8 @@ class Fleet:
                 config = self.config
                 unhealthy_after = config.activators.unhealthy_after if config and config.activators else 3
                 old = health.state
-                if health.unanswered(error, now, unhealthy_after):
+                # A refused port: no activator listens there, down at once.
+                if health.unanswered(error, now, 1 if refused else unhealthy_after):
                     self.changes.append(PeerChange(peer, old, health.state, error))
             if not refused:
                 return set()

@@ -70,8 +70,9 @@ def fleet_config(name: str, peers: Mapping[str, str], services: Mapping[str, Any
 def start_fleet(
     activator_factory: Callable[..., Activator], names: Sequence[str], services: Mapping[str, Any], **top: Any
 ) -> tuple[dict[str, Activator], dict[str, str]]:
-    """Start one activator per name (all launched, then each waited for, until its peers
-    answered: a starting activator uses its share once they have)."""
+    """Start one activator per name (all launched, then each waited for, until it sees
+    every peer up (one checked before it listened was down) and its peers answered: a
+    starting activator uses its share once they have)."""
     peers = {name: f"{LOCALHOST}:{port}" for name, port in zip(names, free_ports(len(names)), strict=True)}
     acts = {name: activator_factory(fleet_config(name, peers, services, **top), start=False) for name in names}
     for act in acts.values():
@@ -79,6 +80,9 @@ def start_fleet(
     for act in acts.values():
         act.wait_ready()
     for act in acts.values():
+        act.wait_for(
+            lambda st: all(h["state"] == "up" for h in st["activator"]["health"].values()), message="every peer up"
+        )
         wait_handed_over(act)
     return acts, peers
 
