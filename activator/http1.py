@@ -777,4 +777,3 @@ if TYPE_CHECKING:  # mypy checks that an HTTP/1.x exchange is a ClientExchange
 
     def _is_a_client_exchange(exchange: H1Exchange) -> ClientExchange:
         return exchange
-

@@ -1011,9 +1011,7 @@ def _show(value: object) -> str:
     if isinstance(value, Mapping):
         return "{" + ", ".join(f"{key}: {_show(item)}" for key, item in value.items()) + "}"
     if is_dataclass(value) and not isinstance(value, (Address, type)):
-        shown = (
-            f"{_YAML_NAMES.get(f.name, f.name)}: {_show(_shown_value(value, f))}" for f in fields(value)
-        )
+        shown = (f"{_YAML_NAMES.get(f.name, f.name)}: {_show(_shown_value(value, f))}" for f in fields(value))
         return "{" + ", ".join(shown) + "}"
     return str(value)
 

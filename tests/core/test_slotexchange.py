@@ -55,9 +55,7 @@ class Fleet:
 
     def __post_init__(self) -> None:
         config = svc(*self.pods, cc=self.cc, probe=None, queue_depth=self.queue_depth)
-        division = slot_division.divide_slots(
-            {p: self.cc for p in self.pods}, [str(w) for w in range(self.workers)]
-        )
+        division = slot_division.divide_slots({p: self.cc for p in self.pods}, [str(w) for w in range(self.workers)])
         self.throttlers = [
             ServiceThrottler(config, 0.0, owned=division[str(w)], sharing=True) for w in range(self.workers)
         ]
