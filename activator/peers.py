@@ -180,15 +180,26 @@ class PeerChecker:
         self._kick.set()
 
     def _run(self) -> None:
+        next_round = 0.0
         while True:
             peers = self.topology.config.activators
             interval = peers.interval if peers is not None else 1.0
+            if self._kick.is_set() or time.monotonic() >= next_round:
+                next_round = time.monotonic() + interval
+                every = True
+            else:
+                every = False
+            self._kick.clear()
+            # A holder a hand-over waits on is asked again soon: the slot is idle meanwhile.
+            waited_on = self.topology.fleet.handovers.waiting_on()
             for target in self.topology.fleet.check_targets(self.topology.workers):
                 running = self._running.get(target.name)
-                if running is None or running.dead:
+                if (every or target.name in waited_on) and (running is None or running.dead):
                     self._running[target.name] = gevent.spawn(self._check, target)
-            self._kick.clear()
-            self._kick.wait(interval)
+            wait = next_round - time.monotonic()
+            if waited_on:
+                wait = min(wait, HANDOVER_RECHECK_SECONDS)
+            self._kick.wait(max(0.0, wait))
 
     def _check(self, target: CheckTarget) -> None:
         peers = self.topology.config.activators
@@ -243,6 +254,9 @@ def _respond(
     exchange.write(body)
     exchange.finish()
 
+
+#: How soon a holder that a hand-over waits on is asked again.
+HANDOVER_RECHECK_SECONDS = 0.05
 
 #: What ``_post`` returns when the peer's port refused the connection.
 REFUSED = "refused"

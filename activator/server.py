@@ -135,7 +135,7 @@ class Runtime:
         #: The proxy listener's TLS context (``tls:``), made at start and on each reload.
         self._tls_context = load_context(config.tls, config.path) if config.tls is not None else None
         self._tls_watchers: list[gevent.Greenlet] = []
-        self.signals = Signals(lambda: self.reload("SIGHUP"), self.stop, self._exit_now)
+        self.signals = Signals(self._reload_on_signal, self.stop, self._exit_now)
         self._stopped = Event()
         self._reload_lock = gevent.lock.Semaphore()
         self._greenlets: list[gevent.Greenlet] = []
@@ -263,6 +263,10 @@ class Runtime:
             log.log(level, "peer %s: %s -> %s (%s)", change.name, change.old.value, change.new.value, change.detail)
 
     # -- reload -----------------------------------------------------------------
+
+    def _reload_on_signal(self) -> None:
+        self.watcher.mark_seen()  # else the watcher applies the same edit a second time
+        self.reload("SIGHUP")
 
     def reload(self, reason: str) -> None:
         """Re-read the file; apply it if valid, else keep serving the old one.

@@ -41,6 +41,10 @@ class FileWatcher:
         self.interval = interval
         self._seen = fingerprint(path)
 
+    def mark_seen(self) -> None:
+        """The file is being read by someone else (a SIGHUP reload): this version is seen."""
+        self._seen = fingerprint(self.path)
+
     def check(self) -> bool:
         """One poll; True (and the callback called) when the file changed."""
         current = fingerprint(self.path)
