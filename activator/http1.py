@@ -445,6 +445,8 @@ class H1Connection(deadlines.Watched):
         # Raw bytes, for the checks llhttp leaves to us (the request line, the method).
         self._feeding = _NO_BYTES  # the data being fed now
         self._head_raw = _NO_BYTES  # the feeds since the current head began
+        #: Whether ``_head_raw`` begins where the message does (nothing of another before it).
+        self._head_raw_from_start = True
         self._at_boundary = True  # the feed began between two messages
         self._completed_in_feed = 0
         sock.settimeout(None)  # timeouts are deadlines (see ``deadlines``)
@@ -459,6 +461,7 @@ class H1Connection(deadlines.Watched):
 
     def on_message_begin(self) -> None:
         self._head_raw = self._feeding  # where this head's request line is (see _check_request_line)
+        self._head_raw_from_start = self._at_boundary and not self._completed_in_feed
         self._current = H1Exchange(self)
         self._url_parts = []
         self._head_bytes = 0
@@ -564,8 +567,12 @@ class H1Connection(deadlines.Watched):
         of the message before it).
         """
         line = b"%s %s HTTP/%s\r\n" % (method, target, version.encode("ascii"))
-        if line not in self._head_raw:
+        at = self._head_raw.find(line)
+        if at < 0:
             raise BadRequest("malformed request line")
+        # Before it, only empty lines (RFC 9112 2.2); llhttp also skips a bare CR there.
+        if self._head_raw_from_start and self._head_raw[:at].replace(b"\r\n", b"").strip(b"\n"):
+            raise BadRequest("bytes before the request line")
 
     # -- reading ----------------------------------------------------------------------------
 

@@ -49,7 +49,12 @@ def split_address(address: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-def make_client(address: str, protocol: str = HTTP1, *, max_idle: int = 64) -> PodClient:
+#: Idle keep-alive connections kept per pod: as many as requests ran on it at once, up
+#: to this (a pod with more slots than this would open and close connections under load).
+MAX_IDLE_PER_POD = 1024
+
+
+def make_client(address: str, protocol: str = HTTP1, *, max_idle: int = MAX_IDLE_PER_POD) -> PodClient:
     """A new client for the pod at ``address`` speaking ``protocol``."""
     host, port = split_address(address)
     if protocol == H2C:

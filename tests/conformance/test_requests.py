@@ -184,6 +184,9 @@ LINE_ENDINGS = [
         b"\r\n\r\n" + get(b"/after-empty-lines"),
         Forwarded(b"GET", b"/after-empty-lines"),
     ),
+    # llhttp also skips a bare CR there: not an empty line, so refused.
+    refused("a bare CR before the request line", b"\r" + get(b"/after-bare-cr"), 400, "bad-request"),
+    refused("a bare CR after an empty line", b"\r\n\r" + get(b"/after-bare-cr"), 400, "bad-request"),
 ]
 
 HEADER_SYNTAX = [
