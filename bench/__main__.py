@@ -22,7 +22,7 @@ import traceback
 from . import common as c
 from .report import Section, render
 
-SCENARIOS = ("overhead", "engine", "scheduling", "churn", "scale", "workers", "profile")
+SCENARIOS = ("overhead", "engine", "scheduling", "churn", "scale", "workers", "fleet", "protocols", "profile")
 
 
 def _module(name: str):  # imported lazily: a scenario's import error is that scenario's failure
