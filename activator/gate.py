@@ -36,10 +36,9 @@ class Redirected(Exception):
     """The waiter was taken out of the queue to be forwarded: this process owns no slot now."""
 
 
-def _wait(
-    throttler: ServiceThrottler, waiter: Waiter, timeout: float, client: Client | None, act: Callable[[Effects], None]
-) -> Grant:
-    event: Event = waiter.token
+def wait_watching(event: Event, timeout: float, client: Client | None) -> bool:
+    """Wait for ``event`` (at most ``timeout`` seconds) while watching ``client``: True
+    when the client hung up (before or while waiting), which ends the wait at once."""
     gone = False
 
     def client_left() -> None:
@@ -49,19 +48,26 @@ def _wait(
 
     watching = client is not None and client.watch_gone(client_left)
     if client is not None and not watching:
-        gone = True  # it is gone already
+        return True  # it is gone already
     try:
-        if not gone:
-            event.wait(timeout)
+        event.wait(timeout)
+    finally:
+        if watching:
+            assert client is not None
+            client.unwatch_gone(client_left)
+    return gone
+
+
+def _wait(
+    throttler: ServiceThrottler, waiter: Waiter, timeout: float, client: Client | None, act: Callable[[Effects], None]
+) -> Grant:
+    try:
+        gone = wait_watching(waiter.token, timeout, client)
     except BaseException:
         grant = throttler.abandon(waiter)
         if grant is not None:
             act(throttler.release(grant, time.monotonic()))
         raise
-    finally:
-        if watching:
-            assert client is not None
-            client.unwatch_gone(client_left)
     grant = throttler.abandon(waiter)
     if gone:
         if grant is not None:

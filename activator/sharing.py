@@ -36,7 +36,7 @@ from .core.events import Event as TopologyEvent
 from .core.slotexchange import Borrowed, LedgerEffects, QueueIsFull, Redirect, SlotExchange, WorkerLedger
 from .core.throttler import Effects, Grant, ServiceThrottler
 from .core.topology import Topology
-from .gate import Client, Redirected
+from .gate import Client, Redirected, wait_watching
 
 log = logging.getLogger("activator")
 
@@ -89,22 +89,9 @@ class SlotSharing:
         event = waiting.token = Event()
         self._send(messages)
         gone = False
-
-        def client_left() -> None:
-            nonlocal gone
-            gone = True
-            event.set()
-
-        watching = client is not None and client.watch_gone(client_left)
-        if client is not None and not watching:
-            gone = True
         try:
-            if not gone:
-                event.wait(max(0.0, deadline - time.monotonic()))
+            gone = wait_watching(event, max(0.0, deadline - time.monotonic()), client)
         finally:
-            if watching:
-                assert client is not None
-                client.unwatch_gone(client_left)
             self._do(self.ledger.leave(waiting, self.topology.services, not gone, time.monotonic()))
         outcome = waiting.outcome
         if gone:
