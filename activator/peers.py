@@ -94,7 +94,9 @@ class PeerEndpoint:
         secret = self._secret_for(check)
         headers: list[Header] = [(b"Content-Type", b"application/json")]
         if secret is not None:
-            headers.append((b"Activator-Peer", peering.prove(secret, self.me(), time.time(), data)))
+            # A sibling signs as "worker N" (an activator without peers has no name).
+            signer = f"worker {self.topology.worker_index}" if check.scope == peering.WORKER_SCOPE else self.me()
+            headers.append((b"Activator-Peer", peering.prove(secret, signer, time.time(), data)))
         _respond(exchange, 200, b"OK", data, headers)
 
     def _secret_for(self, check: Check) -> str | None:

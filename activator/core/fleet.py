@@ -247,8 +247,9 @@ class Fleet:
         for name in self.departed:
             holders[name] = 0
         for name in self.lifted.pop((service, pod), set()):
-            level = new.workers if name.startswith("worker ") else new.activators
-            holders.setdefault(name, level.get(name, {}).get(pod, 0))
+            if self._valid_issuer(name) or name in self.departed:  # (one forgotten since: gone)
+                level = new.workers if name.startswith("worker ") else new.activators
+                holders.setdefault(name, level.get(name, {}).get(pod, 0))
         return holders
 
     def _plan(
@@ -278,8 +279,9 @@ class Fleet:
         before = self.views.get(issuer, {})
         self.views[issuer] = view
         for service_name, caps in before.items():
+            now_caps = view.get(service_name, {})
             for pod, cap in caps.items():
-                if view.get(service_name, {}).get(pod, cap + 1) > cap:
+                if pod in now_caps and now_caps[pod] > cap:  # (a pod left out is not lifted: gone)
                     self.lifted.setdefault((service_name, pod), set()).add(issuer)
         changed: set[str] = set()
         grace = self.config.grace_period if self.config is not None else 0.0

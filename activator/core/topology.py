@@ -234,8 +234,12 @@ class Topology:
     def tick(self, now: float) -> Effects:
         """Periodic housekeeping (drain timeouts, retired services, hand-overs waited out)."""
         effects = EffectsCollector()
-        for throttler in self.services.values():
+        for name, throttler in self.services.items():
             effects.add(throttler.tick(now))
+            if throttler.queued and throttler.capacity == 0:
+                # Waiters that no slot here can reach go where one can (a safety net:
+                # every event that changes where slots are redirects them at once).
+                effects.add(self._redirect_if_elsewhere(name))
         effects.add(self._reapply(self.fleet.expire(now), now))
         self._drop_retired()
         return effects.result()
