@@ -46,7 +46,7 @@ from .admin import make_admin_app
 from .configfile import load_config
 from .core.config import Address, Config, ConfigDiff, diff_configs
 from .core.errors import ConfigError
-from .core.events import ConfigChanged, Tick
+from .core.events import ConfigChanged, Tick, ViewReceived
 from .core.events import Event as TopologyEvent
 from .core.throttler import Grant, ServiceThrottler
 from .core.topology import Topology
@@ -258,6 +258,8 @@ class Runtime:
             self.checker.kick()  # hand-overs wait for answers made after the change
         elif isinstance(event, Tick):
             self._close_unused_pools()
+        elif isinstance(event, ViewReceived) and self.topology.fleet.handovers.pending:
+            self.checker.kick()  # a lifted cap is a hand-over too: ask its holders now
         for change in self.topology.fleet.take_changes():
             level = logging.WARNING if change.new.value == "down" else logging.INFO
             log.log(level, "peer %s: %s -> %s (%s)", change.name, change.old.value, change.new.value, change.detail)
