@@ -29,7 +29,7 @@ from .core.events import Event as TopologyEvent
 from .core.events import PeerChecked, ViewReceived
 from .core.fleet import CheckTarget
 from .core.http import BodyFraming, Header
-from .core.peering import ACTIVATOR_SCOPE, Answer, Check, PeerAuthError
+from .core.peering import ACTIVATOR_SCOPE, Answer, Check, PeerAuthError, PeerState
 from .core.topology import Topology
 from .exchange import ClientExchange
 from .pods import split_address
@@ -168,6 +168,7 @@ class PeerChecker:
         self._greenlet: gevent.Greenlet | None = None
         #: Checks under way, by target name (one at a time per target).
         self._running: dict[str, gevent.Greenlet] = {}
+        self._next_down_check = 0.0
 
     def start(self) -> None:
         self._greenlet = gevent.spawn(self._run)
@@ -192,15 +193,25 @@ class PeerChecker:
             else:
                 every = False
             self._kick.clear()
-            # A holder a hand-over waits on is asked again soon: the slot is idle meanwhile.
-            waited_on = self.topology.fleet.handovers.waiting_on()
-            for target in self.topology.fleet.check_targets(self.topology.workers):
+            # Asked again soon: a holder a hand-over waits on (the slot is idle meanwhile),
+            # and, less soon, a peer that is down (nothing is forwarded to it meanwhile).
+            fleet = self.topology.fleet
+            waited_on = fleet.handovers.waiting_on()
+            down = {name for name, health in fleet.health.items() if health.state is PeerState.DOWN}
+            now = time.monotonic()
+            due_down = now >= self._next_down_check
+            if due_down:
+                self._next_down_check = now + DOWN_RECHECK_SECONDS
+            for target in fleet.check_targets(self.topology.workers):
                 running = self._running.get(target.name)
-                if (every or target.name in waited_on) and (running is None or running.dead):
+                again = target.name in waited_on or (due_down and target.name in down)
+                if (every or again) and (running is None or running.dead):
                     self._running[target.name] = gevent.spawn(self._check, target)
             wait = next_round - time.monotonic()
             if waited_on:
                 wait = min(wait, HANDOVER_RECHECK_SECONDS)
+            elif down:
+                wait = min(wait, max(0.0, self._next_down_check - time.monotonic()))
             self._kick.wait(max(0.0, wait))
 
     def _check(self, target: CheckTarget) -> None:
@@ -259,6 +270,8 @@ def _respond(
 
 #: How soon a holder that a hand-over waits on is asked again.
 HANDOVER_RECHECK_SECONDS = 0.05
+#: How soon a peer that is down is asked again (it is back as soon as it answers).
+DOWN_RECHECK_SECONDS = 0.25
 
 #: What ``_post`` returns when the peer's port refused the connection.
 REFUSED = "refused"

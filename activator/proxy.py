@@ -376,7 +376,8 @@ class Proxy:
         applied that (so that the next choice of a target knows)."""
         refused = isinstance(error.__cause__, ConnectionRefusedError)
         applied = gevent.event.Event()
-        self.writer.post(PeerChecked(target.name, time.monotonic(), None, f"forward: {error}", refused), applied)
+        event = PeerChecked(target.name, time.monotonic(), None, f"forward: {error}", refused, forwarding=True)
+        self.writer.post(event, applied)
         applied.wait()
 
     def _acquire(self, throttler: ServiceThrottler, wait: float, exchange: ClientExchange, arrival: float) -> SlotLease:

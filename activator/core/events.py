@@ -63,13 +63,15 @@ class ViewReceived:
 class PeerChecked:
     """Our check of ``peer`` (made at ``asked_at``, monotonic) got ``answer``, or none
     (``error`` says why). ``refused``: its port refused the connection, so no activator
-    runs there (and none of its requests do): a hand-over need not wait for it."""
+    runs there (and none of its requests do): a hand-over need not wait for it.
+    ``forwarding``: it was a request forwarded there, not a check."""
 
     peer: str
     asked_at: float
     answer: Answer | None
     error: str = ""
     refused: bool = False
+    forwarding: bool = False
 
 
 Event = ConfigChanged | ProbeReport | TransportFailure | Tick | ViewReceived | PeerChecked

@@ -300,18 +300,29 @@ class Fleet:
         return changed
 
     def checked(
-        self, peer: str, asked_at: float, answer: Answer | None, error: str, now: float, refused: bool = False
+        self,
+        peer: str,
+        asked_at: float,
+        answer: Answer | None,
+        error: str,
+        now: float,
+        refused: bool = False,
+        forwarding: bool = False,
     ) -> set[str]:
-        """Our check of ``peer`` was answered (or not; ``refused``: nothing listens there,
-        so nothing of its runs): the services to re-apply."""
+        """Our check of ``peer`` (or a request ``forwarding`` there) was answered, or not
+        (``refused``: nothing listens there, so nothing of its runs): the services to
+        re-apply."""
         health = self.health.get(peer)
         if answer is None:
             if health is not None:
                 config = self.config
                 unhealthy_after = config.activators.unhealthy_after if config and config.activators else 3
                 old = health.state
-                # A refused port: no activator listens there, down at once.
-                if health.unanswered(error, now, 1 if refused else unhealthy_after):
+                # A refused port: no activator listens there, down at once, once it had
+                # been up or a request found it so (a check at our start may come before
+                # the peer listens: that one counts as any unanswered check).
+                at_once = refused and (forwarding or health.state is PeerState.UP)
+                if health.unanswered(error, now, 1 if at_once else unhealthy_after):
                     self.changes.append(PeerChange(peer, old, health.state, error))
             if not refused:
                 return set()

@@ -172,7 +172,9 @@ class Topology:
             services = [self.config.services[name] for name in self.config.services]
             return self._reapply(self.fleet.view_received(event.issuer, event.view, services, now), now)
         if isinstance(event, PeerChecked):
-            released = self.fleet.checked(event.peer, event.asked_at, event.answer, event.error, now, event.refused)
+            released = self.fleet.checked(
+                event.peer, event.asked_at, event.answer, event.error, now, event.refused, event.forwarding
+            )
             collected = EffectsCollector()
             collected.add(self._reapply(released, now))
             if event.answer is not None:  # a peer with usable slots again: stranded waiters go there
