@@ -8,9 +8,9 @@ from gevent import monkey
 
 monkey.patch_all()
 
-import sys  # noqa: E402
+import sys
 
-from activator.cli import main  # noqa: E402
+from activator.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())
