@@ -10,8 +10,8 @@ close frame and sent its FIN), not when its handler thread gets round to returni
 handler only wakes after the client's FIN, the very moment the proxy may hand the slot
 to the next WebSocket, so counting handler lifetimes would race the next handshake.
 
-``/refuse?status=N`` (200, 426...) is not upgraded: the pod answers N with a short text body (counted in ``notes`` as
-``refused``, never as work). No keepalive pings: a test decides when bytes flow.
+``/refuse?status=N`` (200, 426...) is not upgraded: the pod answers N with a short text
+body (counted in ``notes`` as ``refused``, never as work). No keepalive pings: a test decides when bytes flow.
 """
 
 from __future__ import annotations
