@@ -328,10 +328,11 @@ class Proxy:
             http.connection_tokens(exchange.connection_values),
             exchange.upgrade_value if exchange.upgrade else None,
         )
-        unreachable: set[str] = set()  # peers a forward of this request could not reach
+        unreachable: tuple[str, ...] = ()  # peers a forward of this request could not reach
+        redirected = 0  # waits here ended by a redirect (each allows one more peer hop)
         while True:
             target = self.topology.forward_target(throttler.name)
-            if target is not None and may_forward(marker, self.topology.capped(throttler.name)):
+            if target is not None and may_forward(marker, self.topology.capped(throttler.name), redirected):
                 if target.name in unreachable:
                     raise UpstreamConnectError(f"peer {target.name} ({target.address}) is unreachable")
                 try:
@@ -342,7 +343,7 @@ class Proxy:
                         raise
                     # Nothing was sent: the peer is told down (at once when its port
                     # refused), and the request goes to another owner, or waits here.
-                    unreachable.add(target.name)
+                    unreachable += (target.name,)
                     self._peer_unreachable(target, error)
                     continue
             now = time.monotonic()
@@ -352,6 +353,7 @@ class Proxy:
             try:
                 lease = self._acquire(throttler, max(0.0, wait), exchange, record.start)
             except gate.Redirected:
+                redirected += 1
                 continue  # its slots went elsewhere: it follows them, or waits here again
             except QueueTimeout:
                 if deadline is not None and time.monotonic() >= deadline:

@@ -32,20 +32,26 @@ from .throttler import NO_EFFECTS, Effects, EffectsCollector, ServiceThrottler
 MAX_PEER_HOPS = 2
 
 
-def may_forward(marker: str | None, capped: bool = False) -> bool:
+def may_forward(marker: str | None, capped: bool = False, redirected: int = 0) -> bool:
     """Whether a request whose hops so far are ``marker`` may go on to a peer.
 
     ``marker`` is its ``X-Activator-Forwarded`` value (``"peer vm-a, peer vm-b"``). A
     request goes to an owner of the service's slots in one hop. While two activators'
     files differ, the peer it was sent to may no longer own a slot and know the new
-    owner: a second peer hop is allowed, never a third, so a disagreement cannot loop.
-    One exception, ``capped``: an activator whose peers' views left it no usable slot of
-    the service (it is being removed, or has an older file) passes its waiters on once
-    more, to a peer that reported usable slots: they would wait for nothing here, and a
-    peer with usable slots serves them instead of forwarding them (the chain ends).
+    owner: a second peer hop is allowed, never a third at once, so a disagreement cannot
+    loop. Two exceptions. ``capped``: an activator whose peers' views left it no usable
+    slot of the service (it is being removed, or has an older file) passes its waiters on
+    once more, to a peer that reported usable slots: they would wait for nothing here,
+    and a peer with usable slots serves them instead of forwarding them (the chain ends).
+    ``redirected``: how many times the request's wait here was ended by a redirect (this
+    activator lost every usable slot of the service while a peer has some); each allows
+    one more hop. A request that used its hops while files disagreed waits where it
+    landed, and follows the slots once they are known to be elsewhere instead of waiting
+    for nothing until ``queue_timeout``; a redirect follows a change of slots (or the
+    writer's tick), so the extra hops cannot spin.
     """
     hops = [hop.split()[0] for hop in marker.split(",") if hop.strip()] if marker else []
-    return hops.count("peer") < MAX_PEER_HOPS + (1 if capped else 0)
+    return hops.count("peer") < MAX_PEER_HOPS + (1 if capped else 0) + redirected
 
 
 #: Distinct Host headers remembered by ``route`` before the memo starts over.

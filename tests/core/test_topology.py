@@ -514,6 +514,14 @@ def test_an_activator_capped_by_its_peers_views_passes_its_waiters_on_once_more(
     assert not may_forward("peer vm-a, peer vm-b, peer vm-c", capped=True)
 
 
+def test_each_redirect_of_a_waiter_allows_it_one_more_hop() -> None:
+    spent = "peer vm-a, peer vm-b"
+    assert not may_forward(spent, redirected=0)
+    assert may_forward(spent, redirected=1)
+    assert not may_forward(f"{spent}, peer vm-c", redirected=1)
+    assert may_forward(f"{spent}, peer vm-c", capped=True, redirected=1)
+
+
 def test_peer_hops_are_bounded_by_max_peer_hops() -> None:
     marker: str | None = None
     hops = 0
