@@ -222,11 +222,17 @@ class SharedLease:
             self.failure = kind.value
 
     def release(self) -> None:
+        """Give the slot back. When it went straight to a request of this worker, let that
+        request run first (as ``Lease.release``)."""
         slot, self.slot = self.slot, None
         if isinstance(slot, Grant):
-            self.sharing.act(self.throttler.release(slot, time.monotonic(), self.answered))
+            handed = self.sharing.release(self.throttler, slot, self.answered)
         elif slot is not None:
-            self.sharing.borrowed_done(self.throttler, slot, self.tunnel, self.failure)
+            handed = self.sharing.borrowed_done(self.throttler, slot, self.tunnel, self.failure)
+        else:
+            return
+        if handed:
+            gevent.sleep(0)
 
 
 class Proxy:

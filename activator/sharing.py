@@ -10,7 +10,8 @@ incarnation and inherited by it:
 - ``SlotSharing`` (each worker) queues the requests it cannot serve at once there
   (``wait``), offers the slots its throttlers lend (``Effects.lent``, through the
   actor), runs the requests it is granted a sibling's slot for (``Borrowed``), and follows
-  the exchange's ``Contended`` flags. A request that gives up (queue timeout, client gone)
+  the exchange's ``Contended`` flags; a slot that frees goes straight to this worker's
+  first in line when no older request waits elsewhere. A request that gives up (queue timeout, client gone)
   is cancelled at the exchange at once; a slot granted to a request that is gone is
   offered again. Its reader greenlet is the only one that receives; sends never yield
   (datagrams on a local socket: a full socket buffer raises, and the worker is restarted
@@ -67,6 +68,8 @@ class SlotSharing:
         self.post = post
         # Slot ids are this incarnation's: a restarted worker never reuses its predecessor's.
         self.ledger = WorkerLedger(worker, first_slot=os.getpid() * 1_000_000)
+        #: Slots handed to a request of this worker without crossing the supervisor.
+        self.handed_here = 0
         self._reader: gevent.Greenlet | None = None
 
     def start(self) -> None:
@@ -104,13 +107,28 @@ class SlotSharing:
             raise Redirected()
         return outcome
 
-    def borrowed_done(self, throttler: ServiceThrottler, slot: Borrowed, tunnel: bool, failed: str | None) -> None:
-        """The request on a borrowed slot ended: the slot goes back to the exchange."""
-        self._send(self.ledger.borrowed_done(throttler, slot, tunnel, failed))
+    def borrowed_done(self, throttler: ServiceThrottler, slot: Borrowed, tunnel: bool, failed: str | None) -> bool:
+        """The request on a borrowed slot ended: the slot goes to this worker's first in
+        line (True) or back to the exchange. Does not yield."""
+        return self._hand_on(self.ledger.borrowed_done(throttler, slot, tunnel, failed))
 
     def offer(self, throttler: ServiceThrottler, grant: Grant) -> None:
-        """Lend the exchange a slot of ours that is free (``Effects.lent``). Does not yield."""
-        self._send(self.ledger.offer(throttler, grant))
+        """A slot of ours that is free (``Effects.lent``): to this worker's first in line,
+        else lent to the exchange. Does not yield."""
+        self._hand_on(self.ledger.offer(throttler, grant))
+
+    def release(self, throttler: ServiceThrottler, grant: Grant, answered: bool) -> bool:
+        """Give back a slot of ours; True when it went straight to a request of this
+        worker. Does not yield."""
+        handed = self.handed_here
+        self.act(throttler.release(grant, time.monotonic(), answered))
+        return self.handed_here != handed
+
+    def _hand_on(self, out: LedgerEffects) -> bool:
+        self._do(out)
+        if out.woken:
+            self.handed_here += 1
+        return bool(out.woken)
 
     def resync(self) -> None:
         """After a new configuration (``WorkerLedger.resync``)."""

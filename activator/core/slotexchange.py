@@ -17,6 +17,13 @@ queue, and slots come to it. This module decides who gets which slot:
   worker: the slot stays its owner's, lent for one request) or, when nobody waits,
   gives it back (``Decline`` to the owner, which frees it). A borrower that is done
   offers the slot again (it may go straight to the next waiter, owner unchanged).
+- **First in line stays home.** Each worker with waiters of a contended service is told
+  when the oldest waiter of the *other* workers changes (``Oldest``). A slot that frees
+  in a worker (its own, or one it borrowed) goes straight to that worker's oldest
+  waiter when that one arrived first (no older one waits elsewhere, as far as the last
+  ``Oldest`` says), and the exchange hears ``Cancel`` for it: the hand-off crosses no
+  process. Otherwise the slot is offered. The order is the one queue's within one
+  message's delay; a ``Lend`` that crosses such a ``Cancel`` is offered again.
 - A waiter that gives up (timeout, client gone) is ``cancel``\\ led; a grant that crossed
   its cancel is offered again by the waiter's worker.
 - **Loans outlive their worker's crash.** A worker that ends takes its waiters with it
@@ -96,7 +103,17 @@ class Reserved:
     pod: str
 
 
-Message = Lend | Decline | Full | Contended | Reserved
+@dataclass(frozen=True)
+class Oldest:
+    """To ``worker``: the oldest request of ``service`` waiting here from the other
+    workers arrived at ``arrival`` (None: none waits)."""
+
+    worker: int
+    service: str
+    arrival: float | None
+
+
+Message = Lend | Decline | Full | Contended | Reserved | Oldest
 
 
 # -- what workers send --------------------------------------------------------------------
@@ -144,7 +161,7 @@ class Offer:
 Request = Hello | Enqueue | Cancel | Offer
 
 _KINDS: dict[str, type] = {
-    kind.__name__: kind for kind in (Lend, Decline, Full, Contended, Reserved, Hello, Enqueue, Cancel, Offer)
+    kind.__name__: kind for kind in (Lend, Decline, Full, Contended, Reserved, Oldest, Hello, Enqueue, Cancel, Offer)
 }
 
 
@@ -173,15 +190,36 @@ class Loan:
     pod: str
 
 
+Entry = tuple[float, int, int, int]  # (arrival, sequence, worker, request)
+
+
 @dataclass
 class _Queue:
-    # (arrival, sequence, worker, request): a heap; cancelled entries stay until they surface.
-    heap: list[tuple[float, int, int, int]] = field(default_factory=list)
-    # (worker, request) -> its heap entry, for the live waiters only.
-    live: dict[tuple[int, int], tuple[float, int, int, int]] = field(default_factory=dict)
+    # Heaps of entries; entries of waiters gone stay until they surface.
+    heap: list[Entry] = field(default_factory=list)
+    by_worker: dict[int, list[Entry]] = field(default_factory=dict)
+    # (worker, request) -> its entry, for the live waiters only.
+    live: dict[tuple[int, int], Entry] = field(default_factory=dict)
+    # worker -> the last ``Oldest`` arrival it was told (workers with waiters only).
+    told: dict[int, float | None] = field(default_factory=dict)
 
-    def oldest(self) -> tuple[float, int, int, int] | None:
-        heap, live = self.heap, self.live
+    def push(self, entry: Entry) -> None:
+        heapq.heappush(self.heap, entry)
+        heapq.heappush(self.by_worker.setdefault(entry[2], []), entry)
+        self.live[(entry[2], entry[3])] = entry
+
+    def oldest(self) -> Entry | None:
+        return self._top(self.heap)
+
+    def oldest_of(self, worker: int) -> Entry | None:
+        heap = self.by_worker.get(worker)
+        entry = self._top(heap) if heap is not None else None
+        if entry is None:
+            self.by_worker.pop(worker, None)
+        return entry
+
+    def _top(self, heap: list[Entry]) -> Entry | None:
+        live = self.live
         while heap:
             entry = heap[0]
             if live.get((entry[2], entry[3])) is entry:
@@ -225,17 +263,17 @@ class SlotExchange:
         if len(queue.live) >= queue_depth:
             return [Full(worker, request)]
         self._sequence += 1
-        entry = (arrival, self._sequence, worker, request)
-        heapq.heappush(queue.heap, entry)
-        queue.live[(worker, request)] = entry
-        return [Contended(service, True)] if len(queue.live) == 1 else []
+        queue.push((arrival, self._sequence, worker, request))
+        contended: list[Message] = [Contended(service, True)] if len(queue.live) == 1 else []
+        return contended + self._tell_oldest(service, queue)
 
     def cancel(self, service: str, worker: int, request: int) -> list[Message]:
-        """The request gave up. If it was granted meanwhile, its worker offers the slot again."""
+        """The request gave up, or took a slot in its worker (first in line there). If it
+        was granted here meanwhile, its worker offers the slot again."""
         queue = self._queues.get(service)
         if queue is None or queue.live.pop((worker, request), None) is None:
             return []
-        return self._maybe_uncontended(service, queue)
+        return self._tell_oldest(service, queue) + self._maybe_uncontended(service, queue)
 
     # -- slots ------------------------------------------------------------------
 
@@ -254,7 +292,8 @@ class SlotExchange:
             self._loans.pop(key, None)  # back home: the owner runs it as its own
         else:
             self._loans[key] = (Loan(owner, service, slot, pod), worker)
-        return [Lend(worker, request, service, owner, slot, pod), *self._maybe_uncontended(service, queue)]
+        lend = Lend(worker, request, service, owner, slot, pod)
+        return [lend, *self._tell_oldest(service, queue), *self._maybe_uncontended(service, queue)]
 
     # -- workers ----------------------------------------------------------------
 
@@ -264,6 +303,7 @@ class SlotExchange:
         for service, queue in list(self._queues.items()):
             for key in [key for key in queue.live if key[0] == worker]:
                 del queue.live[key]
+            messages += self._tell_oldest(service, queue)
             messages += self._maybe_uncontended(service, queue)
         for key, (loan, borrower) in list(self._loans.items()):
             if borrower == worker:
@@ -303,6 +343,26 @@ class SlotExchange:
                     raise AssertionError(f"{service}: waiter {key} filed as {entry}")
             if len(queue.heap) < len(queue.live):
                 raise AssertionError(f"{service}: a live waiter missing from the heap")
+            if sum(len(heap) for heap in queue.by_worker.values()) < len(queue.live):
+                raise AssertionError(f"{service}: a live waiter missing from its worker's heap")
+
+    def _tell_oldest(self, service: str, queue: _Queue) -> list[Message]:
+        """``Oldest`` for each worker with waiters whose others' oldest changed."""
+        heads = {}
+        for worker in list(queue.by_worker):
+            entry = queue.oldest_of(worker)
+            if entry is not None:
+                heads[worker] = entry[0]
+        told = queue.told
+        for worker in [w for w in told if w not in heads]:
+            del told[worker]  # (told again once it has waiters again)
+        out: list[Message] = []
+        for worker in heads:
+            others = min((arrival for w, arrival in heads.items() if w != worker), default=None)
+            if worker not in told or told[worker] != others:
+                told[worker] = others
+                out.append(Oldest(worker, service, others))
+        return out
 
     def _maybe_uncontended(self, service: str, queue: _Queue) -> list[Message]:
         if queue.live:
@@ -313,7 +373,7 @@ class SlotExchange:
 
 def recipient(message: Message) -> int | None:
     """The worker a message is for (None: every worker)."""
-    if isinstance(message, Lend | Full):
+    if isinstance(message, Lend | Full | Oldest):
         return message.worker
     if isinstance(message, Decline):
         return message.owner
@@ -347,11 +407,12 @@ Outcome = Borrowed | Grant | Redirect | QueueIsFull
 class Waiting:
     """A request of this worker queued at the exchange; ``outcome`` set once decided."""
 
-    __slots__ = ("outcome", "request", "service", "token")
+    __slots__ = ("arrival", "outcome", "request", "service", "token")
 
-    def __init__(self, request: int, service: str) -> None:
+    def __init__(self, request: int, service: str, arrival: float) -> None:
         self.request = request
         self.service = service
+        self.arrival = arrival
         self.outcome: Outcome | None = None
         #: The shell's handle to wake the request with (the core never touches it).
         self.token: Any = None
@@ -380,6 +441,10 @@ class WorkerLedger:
         #: Slots of ours lent out (or offered): slot id -> (throttler, grant).
         self.lent: dict[int, tuple[ServiceThrottler, Grant]] = {}
         self.contended: set[str] = set()
+        #: service -> when the oldest waiter of the other workers arrived (None: none
+        #: waits), as the exchange last said (``Oldest``); unknown: not said since this
+        #: worker's waiters of it began.
+        self.others_oldest: dict[str, float | None] = {}
 
     def hello(self) -> list[Request]:
         return [Hello(self.worker)]
@@ -388,7 +453,9 @@ class WorkerLedger:
 
     def enqueue(self, throttler: ServiceThrottler, arrival: float) -> tuple[Waiting, list[Request]]:
         """A request this worker cannot serve at once waits at the exchange."""
-        waiting = Waiting(next(self._requests), throttler.name)
+        if not any(w.service == throttler.name and w.outcome is None for w in self.waiting.values()):
+            self.others_oldest.pop(throttler.name, None)  # the exchange tells it anew
+        waiting = Waiting(next(self._requests), throttler.name, arrival)
         self.waiting[waiting.request] = waiting
         depth = throttler.config.queue_depth
         return waiting, [Enqueue(self.worker, throttler.name, waiting.request, arrival, depth)]
@@ -418,19 +485,44 @@ class WorkerLedger:
 
     def borrowed_done(
         self, throttler: ServiceThrottler, slot: Borrowed, tunnel: bool, failed: str | None
-    ) -> list[Request]:
-        """The request on a borrowed slot ended: the slot goes back to the exchange
-        (``failed``: the transport failure its request met, for the owner to record)."""
+    ) -> LedgerEffects:
+        """The request on a borrowed slot ended: the slot goes to this worker's first in
+        line, else back to the exchange (``failed``: the transport failure its request
+        met, for the owner to record: always back)."""
         throttler.give_back(tunnel)
-        return [Offer(slot.service, slot.owner, slot.slot, slot.pod, failed)]
+        first = self._first_in_line(slot.service) if failed is None else None
+        if first is not None:
+            return self._hand(first, slot)
+        return LedgerEffects(send=[Offer(slot.service, slot.owner, slot.slot, slot.pod, failed)])
+
+    def _first_in_line(self, service: str) -> Waiting | None:
+        """This worker's oldest waiter of ``service``, if no older one waits elsewhere."""
+        if service not in self.others_oldest:
+            return None  # not told yet: the exchange decides
+        own = [w for w in self.waiting.values() if w.service == service and w.outcome is None]
+        if not own:
+            return None
+        first = min(own, key=lambda w: w.arrival)
+        others = self.others_oldest[service]
+        return first if others is None or first.arrival <= others else None
+
+    def _hand(self, first: Waiting, outcome: Grant | Borrowed) -> LedgerEffects:
+        """``first`` takes the slot here; the exchange hears it left the queue."""
+        first.outcome = outcome
+        return LedgerEffects(woken=[first], send=[Cancel(self.worker, first.service, first.request)])
 
     # -- slots of ours ------------------------------------------------------------
 
-    def offer(self, throttler: ServiceThrottler, grant: Grant) -> list[Request]:
-        """Lend the exchange a free slot of ours (``Effects.lent``)."""
+    def offer(self, throttler: ServiceThrottler, grant: Grant) -> LedgerEffects:
+        """A free slot of ours (``Effects.lent``): to this worker's first in line, else
+        lent to the exchange."""
+        first = self._first_in_line(throttler.name)
+        if first is not None:
+            throttler.reclaim(grant)
+            return self._hand(first, grant)
         slot = next(self._slots)
         self.lent[slot] = (throttler, grant)
-        return [Offer(throttler.name, self.worker, slot, grant.pod.address)]
+        return LedgerEffects(send=[Offer(throttler.name, self.worker, slot, grant.pod.address)])
 
     def resync(self, services: Mapping[str, ServiceThrottler]) -> LedgerEffects:
         """After a new configuration: new throttlers learn the flags; requests waiting for a
@@ -479,11 +571,14 @@ class WorkerLedger:
             if waiting is not None and waiting.outcome is None:
                 waiting.outcome = QueueIsFull()
                 out.woken.append(waiting)
+        elif isinstance(message, Oldest):
+            self.others_oldest[message.service] = message.arrival
         elif isinstance(message, Contended):
             if message.contended:
                 self.contended.add(message.service)
             else:
                 self.contended.discard(message.service)
+                self.others_oldest.pop(message.service, None)
             service = services.get(message.service)
             if service is not None:
                 out.effects = service.set_contended(message.contended)

@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 
 from activator.core import slotexchange as wire
 from activator.core import slots as slot_division
-from activator.core.slotexchange import Borrowed, QueueIsFull, SlotExchange, Waiting, WorkerLedger
+from activator.core.slotexchange import Borrowed, LedgerEffects, QueueIsFull, SlotExchange, Waiting, WorkerLedger
 from activator.core.throttler import Effects, Grant, ServiceThrottler
 
 
@@ -75,7 +75,27 @@ class Fleet:
     def act(self, w: int, effects: Effects) -> None:
         assert not effects.woken, "shared mode never queues in a worker"
         for throttler, grant in effects.lent:
-            self.to_hub[w].extend(self.ledgers[w].offer(throttler, grant))
+            self.take(w, self.ledgers[w].offer(throttler, grant))
+
+    def take(self, w: int, out: LedgerEffects) -> None:
+        """What a ledger call asks of the shell: messages out, effects, requests woken
+        (each keeps its outcome: a slot, or a full queue)."""
+        ledger = self.ledgers[w]
+        self.to_hub[w].extend(out.send)
+        assert not out.failures
+        self.act(w, out.effects)
+        for waiting in out.woken:
+            request: Request = waiting.token
+            keep = ledger.leave(waiting, self.services(w), True, self.clock)
+            self.to_hub[w].extend(keep.send)
+            self.act(w, keep.effects)
+            request.waiting = None
+            if isinstance(waiting.outcome, QueueIsFull):
+                request.outcome = "full"
+            else:
+                assert isinstance(waiting.outcome, Grant | Borrowed), waiting.outcome
+                request.slot, request.outcome = waiting.outcome, "running"
+                self.served_order.append(request.arrival)
 
     def arrive(self, w: int) -> Request:
         self.clock += 1
@@ -94,11 +114,11 @@ class Fleet:
     def finish(self, request: Request) -> None:
         w, slot = request.worker, request.slot
         assert request.outcome == "running" and slot is not None
+        request.slot, request.outcome = None, "done"
         if isinstance(slot, Grant):
             self.act(w, self.throttlers[w].release(slot, self.clock))
         else:
-            self.to_hub[w].extend(self.ledgers[w].borrowed_done(self.throttlers[w], slot, False, None))
-        request.slot, request.outcome = None, "done"
+            self.take(w, self.ledgers[w].borrowed_done(self.throttlers[w], slot, False, None))
 
     def give_up(self, request: Request) -> None:
         w = request.worker
@@ -117,23 +137,7 @@ class Fleet:
 
     def deliver_to_worker(self, w: int) -> None:
         message = self.to_worker[w].popleft()
-        ledger = self.ledgers[w]
-        out = ledger.receive(message, self.services(w), self.clock)
-        self.to_hub[w].extend(out.send)
-        assert not out.failures
-        self.act(w, out.effects)
-        for waiting in out.woken:
-            request: Request = waiting.token
-            keep = ledger.leave(waiting, self.services(w), True, self.clock)
-            self.to_hub[w].extend(keep.send)
-            self.act(w, keep.effects)
-            request.waiting = None
-            if isinstance(waiting.outcome, QueueIsFull):
-                request.outcome = "full"
-            else:
-                assert isinstance(waiting.outcome, Grant | Borrowed), waiting.outcome
-                request.slot, request.outcome = waiting.outcome, "running"
-                self.served_order.append(request.arrival)
+        self.take(w, self.ledgers[w].receive(message, self.services(w), self.clock))
 
     # -- what must hold ------------------------------------------------------------
 
@@ -265,6 +269,39 @@ def test_requests_are_served_in_arrival_order_whichever_worker_they_came_to() ->
     fleet.check_settled()
 
 
+def test_a_slot_goes_straight_to_its_workers_first_in_line_when_nobody_older_waits_elsewhere() -> None:
+    fleet = Fleet(2, PODS[:2], 1)  # one cc=1 pod per worker
+    settle(fleet)
+    busy = [fleet.arrive(0), fleet.arrive(1)]
+    assert [r.outcome for r in busy] == ["running", "running"]
+    mine, theirs, mine_later = fleet.arrive(0), fleet.arrive(1), fleet.arrive(0)
+    settle(fleet)
+    assert fleet.ledgers[0].others_oldest == {"api": theirs.arrival}
+    assert fleet.ledgers[1].others_oldest == {"api": mine.arrival}
+
+    # Worker 0's slot frees: its own waiter arrived first, so it runs on it at once, with
+    # nothing sent but the cancel that takes it out of the one queue.
+    assert mine.waiting is not None
+    request_id = mine.waiting.request
+    fleet.finish(busy[0])
+    assert mine.outcome == "running" and isinstance(mine.slot, Grant)
+    assert list(fleet.to_hub[0]) == [wire.Cancel(0, "api", request_id)]
+    settle(fleet)
+    assert fleet.exchange.queued("api") == 2
+    assert fleet.ledgers[0].others_oldest == {"api": theirs.arrival}
+
+    # Worker 0's slot frees again: worker 1's waiter is older than worker 0's next one,
+    # so the slot is offered, and lent across.
+    fleet.finish(mine)
+    assert mine_later.outcome == "waiting"
+    assert [type(m) for m in fleet.to_hub[0]] == [wire.Offer]
+    settle(fleet)
+    assert theirs.outcome == "running" and isinstance(theirs.slot, Borrowed)
+    fleet.drain()
+    assert fleet.served_order == sorted(fleet.served_order)
+    fleet.check_settled()
+
+
 def test_a_worker_owning_no_slot_is_served_on_a_siblings() -> None:
     fleet = Fleet(2, PODS[:1], 1)  # the one slot belongs to one worker
     settle(fleet)
@@ -315,7 +352,10 @@ def test_queue_depth_bounds_the_activators_queue_not_a_workers() -> None:
 
 def test_a_crashed_worker_takes_its_waiters_and_its_borrowed_slots_go_home() -> None:
     exchange = SlotExchange()
-    assert exchange.receive(wire.Enqueue(1, "api", 1, 1.0, 10)) == [(None, wire.Contended("api", True))]
+    assert exchange.receive(wire.Enqueue(1, "api", 1, 1.0, 10)) == [
+        (None, wire.Contended("api", True)),
+        (1, wire.Oldest(1, "api", None)),  # nobody else waits
+    ]
     exchange.receive(wire.Enqueue(1, "api", 2, 2.0, 10))
     lend = exchange.receive(wire.Offer("api", 0, 7, "10.0.0.1:80"))
     assert lend[0] == (1, wire.Lend(1, 1, "api", 0, 7, "10.0.0.1:80"))
@@ -349,6 +389,8 @@ def test_messages_survive_the_wire() -> None:
         wire.Full(1, 3),
         wire.Contended("api", True),
         wire.Reserved("api", 7, "10.0.0.1:80"),
+        wire.Oldest(1, "api", 12.5),
+        wire.Oldest(0, "api", None),
         wire.Hello(2),
         wire.Enqueue(1, "api", 3, 12.5, 100),
         wire.Cancel(1, "api", 3),
