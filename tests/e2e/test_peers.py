@@ -269,30 +269,6 @@ def test_one_pod_service_is_served_through_every_activator(n, pod_factory, activ
         assert pod["requests"] == (total if name == owner else 0), (name, pod)
 
 
-def test_a_request_out_of_hops_where_no_slot_is_follows_the_slots_instead_of_timing_out(pod_factory, activator_factory):
-    """While files disagree a request can land, its peer hops spent, at an activator that
-    owns no slot (its marker says so here). It waits there only until the redirect that
-    says the slots are elsewhere, then goes one hop more, to the owner: served, not a 503
-    ``queue-timeout`` after waiting for nothing."""
-    (solo,) = pod_factory(1)
-    acts, _ = start_fleet(
-        activator_factory,
-        ["vm-a", "vm-b"],
-        {"solo": service([solo], hosts=["solo.test"], container_concurrency=1, queue_timeout="10s")},
-    )
-    owner = owner_of(acts, "solo", solo)
-    (elsewhere,) = [act for name, act in acts.items() if name != owner]
-    spent = {"X-Activator-Forwarded": "peer vm-x, peer vm-y"}
-    resp = request(elsewhere.listen, path="/delay?ms=10", host="solo.test", headers=spent)
-    assert resp.status == 200, (resp.status, resp.headers.get("X-Activator-Reason"), resp.text)
-    assert resp.headers["X-Pod"] == solo.address
-    assert solo.stats()["count"] == 1
-    owned = find_pod(acts[owner].status(), "solo", solo.address)
-    assert owned is not None and owned["requests"] == 1, owned
-    for act in acts.values():
-        act.wait_idle()
-
-
 def test_cc2_pods_two_activators_own_one_slot_of_each(pod_factory, activator_factory):
     pods = pod_factory(2)
     acts, _ = start_fleet(
