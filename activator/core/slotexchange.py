@@ -445,6 +445,9 @@ class WorkerLedger:
         #: waits), as the exchange last said (``Oldest``); unknown: not said since this
         #: worker's waiters of it began.
         self.others_oldest: dict[str, float | None] = {}
+        # service -> heap of (arrival, request) of this worker's waiters; entries of
+        # requests decided or gone stay until they surface.
+        self._lines: dict[str, list[tuple[float, int]]] = {}
 
     def hello(self) -> list[Request]:
         return [Hello(self.worker)]
@@ -453,10 +456,11 @@ class WorkerLedger:
 
     def enqueue(self, throttler: ServiceThrottler, arrival: float) -> tuple[Waiting, list[Request]]:
         """A request this worker cannot serve at once waits at the exchange."""
-        if not any(w.service == throttler.name and w.outcome is None for w in self.waiting.values()):
+        if self._oldest_waiting(throttler.name) is None:
             self.others_oldest.pop(throttler.name, None)  # the exchange tells it anew
         waiting = Waiting(next(self._requests), throttler.name, arrival)
         self.waiting[waiting.request] = waiting
+        heapq.heappush(self._lines.setdefault(throttler.name, []), (arrival, waiting.request))
         depth = throttler.config.queue_depth
         return waiting, [Enqueue(self.worker, throttler.name, waiting.request, arrival, depth)]
 
@@ -499,12 +503,20 @@ class WorkerLedger:
         """This worker's oldest waiter of ``service``, if no older one waits elsewhere."""
         if service not in self.others_oldest:
             return None  # not told yet: the exchange decides
-        own = [w for w in self.waiting.values() if w.service == service and w.outcome is None]
-        if not own:
-            return None
-        first = min(own, key=lambda w: w.arrival)
+        first = self._oldest_waiting(service)
         others = self.others_oldest[service]
-        return first if others is None or first.arrival <= others else None
+        return first if first is not None and (others is None or first.arrival <= others) else None
+
+    def _oldest_waiting(self, service: str) -> Waiting | None:
+        """This worker's oldest request of ``service`` still waiting for an outcome."""
+        line = self._lines.get(service)
+        while line:
+            waiting = self.waiting.get(line[0][1])
+            if waiting is not None and waiting.outcome is None:
+                return waiting
+            heapq.heappop(line)
+        self._lines.pop(service, None)
+        return None
 
     def _hand(self, first: Waiting, outcome: Grant | Borrowed) -> LedgerEffects:
         """``first`` takes the slot here; the exchange hears it left the queue."""
