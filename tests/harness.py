@@ -33,6 +33,7 @@ What this module decides, and its rules:
 from __future__ import annotations
 
 import atexit
+import collections
 import contextlib
 import http.client
 import json
@@ -103,15 +104,33 @@ def free_port(kind: int = socket.SOCK_STREAM) -> int:
     return free_ports(1, kind)[0]
 
 
+#: Ports handed out lately: a port picked is only reserved by its number until its server
+#: binds it, so the next picks skip it (an activator's admin port once came out equal to
+#: a peer's proxy port picked just before, and the file was refused).
+_HANDED_OUT: collections.deque[int] = collections.deque(maxlen=4096)
+_HANDED_OUT_LOCK = threading.Lock()
+
+
 def free_ports(n: int, kind: int = socket.SOCK_STREAM) -> list[int]:
-    """``n`` distinct free ports (all held open together while they are picked)."""
+    """``n`` distinct free ports, none handed out lately (all held open together while
+    they are picked)."""
     socks: list[socket.socket] = []
     try:
-        for _ in range(n):
-            s = socket.socket(socket.AF_INET, kind)
-            s.bind((LOCALHOST, 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
+        with _HANDED_OUT_LOCK:
+            ports: list[int] = []
+            for _ in range(n + 1000):
+                s = socket.socket(socket.AF_INET, kind)
+                s.bind((LOCALHOST, 0))
+                socks.append(s)  # (held, so that the kernel does not give it again now)
+                port = s.getsockname()[1]
+                if port not in _HANDED_OUT:
+                    ports.append(port)
+                    if len(ports) == n:
+                        break
+            else:
+                raise HarnessError(f"no {n} free ports left that were not handed out lately")
+            _HANDED_OUT.extend(ports)
+            return ports
     finally:
         for s in socks:
             s.close()
