@@ -30,6 +30,10 @@ from .throttler import NO_EFFECTS, Effects, EffectsCollector, ServiceThrottler
 #: Peer hops a request may take: the second only happens while activators disagree
 #: about who owns a service's slots (one applied a new file, the other not yet).
 MAX_PEER_HOPS = 2
+#: Peer hops a request never goes beyond, redirects or not: activators whose files
+#: disagree for good (each sure the other owns the slots) would otherwise pass a waiter
+#: back and forth at every tick until its queue_timeout.
+PEER_HOPS_CEILING = 6
 
 
 def may_forward(marker: str | None, capped: bool = False, redirected: int = 0) -> bool:
@@ -48,10 +52,12 @@ def may_forward(marker: str | None, capped: bool = False, redirected: int = 0) -
     one more hop. A request that used its hops while files disagreed waits where it
     landed, and follows the slots once they are known to be elsewhere instead of waiting
     for nothing until ``queue_timeout``; a redirect follows a change of slots (or the
-    writer's tick), so the extra hops cannot spin.
+    writer's tick), so the extra hops cannot spin, and none goes beyond
+    ``PEER_HOPS_CEILING``.
     """
     hops = [hop.split()[0] for hop in marker.split(",") if hop.strip()] if marker else []
-    return hops.count("peer") < MAX_PEER_HOPS + (1 if capped else 0) + redirected
+    peer_hops = hops.count("peer")
+    return peer_hops < min(PEER_HOPS_CEILING, MAX_PEER_HOPS + (1 if capped else 0) + redirected)
 
 
 #: Distinct Host headers remembered by ``route`` before the memo starts over.

@@ -25,7 +25,7 @@ from activator.core.peering import Answer
 from activator.core.probes import Verdict
 from activator.core.states import PodEvent, PodState
 from activator.core.throttler import Grant, Waiter
-from activator.core.topology import MAX_PEER_HOPS, Topology, may_forward
+from activator.core.topology import MAX_PEER_HOPS, PEER_HOPS_CEILING, Topology, may_forward
 
 A, B, C = "10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"
 P, H, D, R = PodState.PENDING, PodState.HEALTHY, PodState.DRAINING, PodState.REMOVED
@@ -520,6 +520,17 @@ def test_each_redirect_of_a_waiter_allows_it_one_more_hop() -> None:
     assert may_forward(spent, redirected=1)
     assert not may_forward(f"{spent}, peer vm-c", redirected=1)
     assert may_forward(f"{spent}, peer vm-c", capped=True, redirected=1)
+
+
+def test_redirects_never_take_a_request_beyond_the_hop_ceiling() -> None:
+    """Two activators sure the other owns the slots pass a waiter back and forth at its
+    redirects: only up to the ceiling, however many redirects it met."""
+    marker: str | None = None
+    hops = 0
+    while may_forward(marker, redirected=hops):
+        hops += 1
+        marker = f"{marker}, peer vm-{hops % 2}" if marker else "peer vm-0"
+    assert hops == PEER_HOPS_CEILING
 
 
 def test_peer_hops_are_bounded_by_max_peer_hops() -> None:
