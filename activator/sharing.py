@@ -9,11 +9,11 @@ incarnation and inherited by it:
   ends (it exited) is forgotten (its waiters leave the queue, its borrowed slots go back).
 - ``SlotSharing`` (each worker) queues the requests it cannot serve at once there
   (``wait``), offers the slots its throttlers lend (``Effects.lent``, through the
-  actor), runs the requests it is granted a sibling's slot for (``Borrowed``), and follows
-  the exchange's ``Contended`` flags; a slot that frees goes straight to this worker's
-  first in line when no older request waits elsewhere. A request that gives up (queue timeout, client gone)
-  is cancelled at the exchange at once; a slot granted to a request that is gone is
-  offered again. Its reader greenlet is the only one that receives; sends never yield
+  actor), runs the requests it is granted a sibling's slot for (``Borrowed``), and
+  follows the exchange's ``Contended`` flags; a slot that frees goes straight to this
+  worker's first in line when no older request waits elsewhere. A request that gives up
+  (queue timeout, client gone) is cancelled at the exchange at once; a slot granted to
+  a request that is gone is offered again. Its reader greenlet is the only one that receives; sends never yield
   (datagrams on a local socket: a full socket buffer raises, and the worker is restarted
   rather than lose a slot silently).
 """
