@@ -91,11 +91,12 @@ class SlotSharing:
         waiting, messages = self.ledger.enqueue(throttler, arrival)
         event = waiting.token = Event()
         self._send(messages)
-        gone = False
+        gone = keep = False
         try:
             gone = wait_watching(event, max(0.0, deadline - time.monotonic()), client)
-        finally:
-            self._do(self.ledger.leave(waiting, self.topology.services, not gone, time.monotonic()))
+            keep = not gone
+        finally:  # killed, or the client gone: a slot that came meanwhile goes back
+            self._do(self.ledger.leave(waiting, self.topology.services, keep, time.monotonic()))
         outcome = waiting.outcome
         if gone:
             raise ClientGone("the client hung up while its request was queued")
