@@ -348,7 +348,7 @@ class SlotExchange:
 
     def _tell_oldest(self, service: str, queue: _Queue) -> list[Message]:
         """``Oldest`` for each worker with waiters whose others' oldest changed."""
-        heads = {}
+        heads: dict[int, float] = {}
         for worker in list(queue.by_worker):
             entry = queue.oldest_of(worker)
             if entry is not None:
@@ -356,9 +356,11 @@ class SlotExchange:
         told = queue.told
         for worker in [w for w in told if w not in heads]:
             del told[worker]  # (told again once it has waiters again)
+        # The others' oldest is the oldest head, except for its own worker: the next one.
+        ranked = heapq.nsmallest(2, heads.items(), key=lambda item: item[1])
         out: list[Message] = []
         for worker in heads:
-            others = min((arrival for w, arrival in heads.items() if w != worker), default=None)
+            others = next((arrival for w, arrival in ranked if w != worker), None)
             if worker not in told or told[worker] != others:
                 told[worker] = others
                 out.append(Oldest(worker, service, others))

@@ -302,6 +302,25 @@ def test_a_slot_goes_straight_to_its_workers_first_in_line_when_nobody_older_wai
     fleet.check_settled()
 
 
+def test_each_worker_with_waiters_hears_the_oldest_arrival_of_the_others() -> None:
+    exchange = SlotExchange()
+
+    def told(out: list[tuple[int | None, wire.Message]]) -> dict[int, float | None]:
+        return {m.worker: m.arrival for _, m in out if isinstance(m, wire.Oldest)}
+
+    assert told(exchange.receive(wire.Enqueue(0, "api", 1, 1.0, 10))) == {0: None}
+    assert told(exchange.receive(wire.Enqueue(1, "api", 1, 2.0, 10))) == {0: 2.0, 1: 1.0}
+    assert told(exchange.receive(wire.Enqueue(2, "api", 1, 3.0, 10))) == {2: 1.0}  # (0 and 1: unchanged)
+    assert told(exchange.receive(wire.Enqueue(0, "api", 2, 4.0, 10))) == {}  # not a worker's oldest
+    # Worker 0's oldest is served (its next arrived at 4.0): worker 1 now hears worker 2's,
+    # worker 2 worker 1's; worker 0's others are unchanged.
+    lend = exchange.receive(wire.Offer("api", 1, 7, "10.0.0.1:80"))
+    assert lend[0] == (0, wire.Lend(0, 1, "api", 1, 7, "10.0.0.1:80"))
+    assert told(lend) == {1: 3.0, 2: 2.0}
+    # Worker 1's only waiter leaves: worker 1 is told nothing more, the others hear anew.
+    assert told(exchange.receive(wire.Cancel(1, "api", 1))) == {0: 3.0, 2: 4.0}
+
+
 def test_a_worker_owning_no_slot_is_served_on_a_siblings() -> None:
     fleet = Fleet(2, PODS[:1], 1)  # the one slot belongs to one worker
     settle(fleet)
