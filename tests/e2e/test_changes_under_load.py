@@ -66,7 +66,6 @@ from harness import (
     free_port,
     free_ports,
     json_request,
-    request,
     service_config,
     start_pods,
     wait_until,
@@ -89,33 +88,19 @@ STALLED_AFTER = 3.0
 
 
 class ChangeLoad(Load):
-    """test_peers' load (client threads through every target, each outcome kept), the
-    phase recorded with every failure, and the activators' /status snapshot at the first
-    few failures (``snapshot``, set by the rig)."""
+    """test_peers' load (client threads through every target, each outcome kept), with
+    the activators' /status snapshot at the first few failures (``snapshot``, set by the
+    rig)."""
 
     def __init__(self, targets: Sequence[tuple[Activator, str]], threads: int, path: str) -> None:
         super().__init__(targets, threads, path)
         self.snapshot: Callable[[], str] = lambda: ""
         self.snapshots: list[str] = []
 
-    def _run(self, i: int) -> None:
-        k = i
-        while not self._stop.is_set():
-            act, host = self.targets[k % len(self.targets)]
-            k += 1
-            phase = self.phase
-            try:
-                resp = request(act.listen, path=self.path, host=host, timeout=60)
-                outcome: Any = resp.status
-                if resp.status != 200:
-                    outcome = (resp.status, resp.headers.get("X-Activator-Reason"), phase, self.phase)
-            except Exception as exc:  # recorded as a failure
-                outcome = (repr(exc), phase, self.phase)
-            if outcome != 200 and len(self.snapshots) < 3:
-                with contextlib.suppress(Exception):
-                    self.snapshots.append(f"at {act.listen} {host} {outcome}:\n{self.snapshot()}")
-            with self._lock:
-                self.outcomes.append((act.listen, host, outcome))
+    def failed(self, act: Activator, host: str, outcome: Any) -> None:
+        if len(self.snapshots) < 3:
+            with contextlib.suppress(Exception):
+                self.snapshots.append(f"at {act.listen} {host} {outcome}:\n{self.snapshot()}")
 
 
 #: case id -> requests sent during it (printed at the end of the module's run).

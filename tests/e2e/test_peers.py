@@ -127,7 +127,8 @@ def owner_of(acts: Mapping[str, Activator], service_name: str, pod: Pod) -> str:
 
 
 class Load:
-    """Client threads sending requests in a loop until stopped; every outcome kept.
+    """Client threads sending requests in a loop until stopped; every outcome kept (a
+    failure with the phase it was sent in and the one it ended in).
 
     ``targets`` (a list of (activator, Host header)) can be swapped while it runs.
     """
@@ -147,15 +148,21 @@ class Load:
             targets = self.targets
             act, host = targets[k % len(targets)]
             k += 1
+            phase = self.phase
             try:
                 resp = request(act.listen, path=self.path, host=host, timeout=60)
                 outcome: Any = resp.status
                 if resp.status != 200:
-                    outcome = (resp.status, resp.headers.get("X-Activator-Reason"), self.phase)
+                    outcome = (resp.status, resp.headers.get("X-Activator-Reason"), phase, self.phase)
             except Exception as exc:  # recorded as a failure
-                outcome = repr(exc)
+                outcome = (repr(exc), phase, self.phase)
+            if outcome != 200:
+                self.failed(act, host, outcome)
             with self._lock:
                 self.outcomes.append((act.listen, host, outcome))
+
+    def failed(self, act: Activator, host: str, outcome: Any) -> None:
+        """A request failed (its outcome: status, reason, phase sent, phase done)."""
 
     def __enter__(self) -> Load:
         for t in self._threads:
