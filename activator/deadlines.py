@@ -1,4 +1,5 @@
-"""Timeouts for every socket of the process, enforced by one greenlet instead of a timer per wait.
+"""Timeouts for every socket and queue wait of the process, enforced by one greenlet
+instead of a timer per wait.
 
 A gevent socket with a timeout starts and cancels a timer each time a read or a write
 has to wait: two per proxied request at least, a measurable part of the CPU a request
@@ -9,6 +10,8 @@ it, which costs two attribute writes. One sweeper greenlet per process looks at 
 watched object every ``TICK`` seconds and calls ``expire()`` on those whose deadline has
 passed; ``expire`` shuts the socket down (``shutdown`` interrupts a greenlet blocked on
 it), and the interrupted operation sees ``timed_out`` and reports the timeout its way.
+A request waiting in a queue is an ``Expiring`` too (``gate.wait_watching``): its expiry
+wakes the waiter.
 
 Resolution: a timeout fires between its deadline and one ``TICK`` after it. Cost: the
 sweep touches every watched object each tick (microseconds per thousand).
@@ -18,12 +21,21 @@ from __future__ import annotations
 
 import socket
 import time
-from typing import Any
+from typing import Any, Protocol
 
 import gevent
 
 #: How often deadlines are checked (the resolution of every timeout).
 TICK = 0.1
+
+
+class Expiring(Protocol):
+    """What the sweeper looks at: a ``deadline`` (0: none) and what to do when it passes."""
+
+    deadline: float
+
+    def expire(self) -> None:
+        """The deadline passed. Must not yield."""
 
 
 class Watched:
@@ -50,15 +62,15 @@ class Sweeper:
 
     def __init__(self, tick: float = TICK) -> None:
         self.tick = tick
-        self._watched: set[Watched] = set()
+        self._watched: set[Expiring] = set()
         self._greenlet: gevent.Greenlet | None = None
 
-    def add(self, watched: Watched) -> None:
+    def add(self, watched: Expiring) -> None:
         self._watched.add(watched)
         if self._greenlet is None:
             self._greenlet = gevent.spawn(self._run)
 
-    def discard(self, watched: Watched) -> None:
+    def discard(self, watched: Expiring) -> None:
         self._watched.discard(watched)
 
     def sweep(self, now: float) -> None:

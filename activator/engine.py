@@ -30,6 +30,7 @@ from __future__ import annotations
 import logging
 import ssl
 import sys
+import types
 from collections.abc import Callable, Iterable
 from typing import Any
 from urllib.parse import unquote_to_bytes
@@ -74,6 +75,10 @@ class HttpServer:
 
     def __init__(self, listener: Any, app: Application, limits: Limits, *, tls: ssl.SSLContext | None = None) -> None:
         self.app = app
+        #: ``app`` as it is called: a Falcon app's bound ``__call__`` (CPython runs a bound
+        #: Python method inline, where calling the instance recurses in C: every request
+        #: parked in the queue then keeps a smaller copy of the C stack).
+        self._call = _direct_call(app)
         self.limits = limits
         #: The TLS context for new connections (None: plain); swapped when the files change.
         self.tls = tls
@@ -202,7 +207,7 @@ class HttpServer:
         environ = self._environ(exchange)
         response = _WsgiResponse(exchange)
         try:
-            result = self.app(environ, response.start_response)
+            result = self._call(environ, response.start_response)
             try:
                 if not exchange.started:
                     response.send(result)
@@ -243,6 +248,13 @@ class HttpServer:
             previous = environ.get(key)
             environ[key] = text if previous is None else f"{previous},{text}"
         return environ
+
+
+def _direct_call(app: Application) -> Application:
+    """``app.__call__`` when its class defines it in Python (see ``HttpServer._call``)."""
+    # A plain function's ``__call__`` is a C wrapper: calling that would gain nothing.
+    call = getattr(app, "__call__", app)  # noqa: B004 (not a test of callability)
+    return call if isinstance(call, types.MethodType) else app
 
 
 _SERVER_PROTOCOLS = {"1.1": "HTTP/1.1", "1.0": "HTTP/1.0", "2": "HTTP/2"}

@@ -37,21 +37,34 @@ class ClientExchange(Protocol):
     version: str  # "1.0", "1.1" or "2"
     headers: list[Header]  # as received, pseudo-headers excepted
     lower_names: list[bytes]
-    hosts: list[bytes]  # Host values (HTTP/2: ``:authority``)
     host: str  # the validated Host (``core.http.request_host``)
     content_length: int | None
     framing: BodyFraming  # how the body arrives: NONE, LENGTH, or CHUNKED (a stream of unknown length)
-    connection_values: list[bytes]  # ``Connection`` lines (HTTP/2: none)
-    forwarded: list[bytes]  # ``X-Activator-Forwarded`` lines
     content_type: bytes | None  # a gRPC request's starts with ``application/grpc``
     grpc_timeout: bytes | None  # a gRPC request's deadline (``core.http.grpc_timeout``)
     upgrade: bool  # an HTTP/1.1 Upgrade request (a tunnel if the pod answers 101)
     upgrade_value: bytes | None
-    trailers: list[Header]  # the request's trailers, once its body ended
     body_bytes: int  # request body bytes received so far
     client_ip: str
     client_ip_bytes: bytes
     scheme_bytes: bytes  # b"http" or b"https"
+
+    # Lines an HTTP/1.x exchange keeps as tuples, HTTP/2 as lists (read-only here).
+    @property
+    def hosts(self) -> Sequence[bytes]:
+        """Host values (HTTP/2: ``:authority``)."""
+
+    @property
+    def connection_values(self) -> Sequence[bytes]:
+        """``Connection`` lines (HTTP/2: none)."""
+
+    @property
+    def forwarded(self) -> Sequence[bytes]:
+        """``X-Activator-Forwarded`` lines."""
+
+    @property
+    def trailers(self) -> Sequence[Header]:
+        """The request's trailers, once its body ended."""
 
     # -- the request body (``upstream.BodySource``) -------------------------------------
     def read(self, size: int = ...) -> bytes:

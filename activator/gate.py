@@ -3,7 +3,8 @@
 The core decides (``ServiceThrottler.acquire`` returns a grant or a waiter); this module
 does the waiting. A waiter parks its greenlet on a ``gevent.event.Event`` (its
 ``token``), which the shell's actor sets when a core call reports that it handed the
-waiter a slot (``Effects.woken``), bounded by ``queue_timeout``; meanwhile the client is
+waiter a slot (``Effects.woken``), bounded by ``queue_timeout`` (enforced by the
+process's ``deadlines`` sweeper: no timer per waiter); meanwhile the client is
 watched (``ClientExchange.watch_gone``: for HTTP/1.x the process's ``HangupMonitor`` on its
 socket, no greenlet of its own; for HTTP/2 a stream reset) and the waiter is woken if the
 client goes away. Whatever ends the wait (a slot, the timeout, the client
@@ -20,6 +21,7 @@ from typing import Protocol
 
 from gevent.event import Event
 
+from . import deadlines
 from .core.errors import ClientGone, QueueTimeout
 from .core.throttler import Effects, Grant, ServiceThrottler, Waiter
 
@@ -36,26 +38,45 @@ class Redirected(Exception):
     """The waiter was taken out of the queue to be forwarded: this process owns no slot now."""
 
 
+class _Wait:
+    """One wait of ``wait_watching``: what ends it besides ``event`` itself. Its deadline
+    is expired by the process's sweeper (a ``deadlines.Expiring``: no timer per wait)."""
+
+    __slots__ = ("deadline", "event", "gone")
+
+    def __init__(self, deadline: float, event: Event) -> None:
+        self.deadline = deadline
+        self.event = event
+        self.gone = False
+
+    def expire(self) -> None:
+        self.event.set()
+
+    def client_left(self) -> None:
+        self.gone = True
+        self.event.set()
+
+
 def wait_watching(event: Event, timeout: float, client: Client | None) -> bool:
-    """Wait for ``event`` (at most ``timeout`` seconds) while watching ``client``: True
-    when the client hung up (before or while waiting), which ends the wait at once."""
-    gone = False
-
-    def client_left() -> None:
-        nonlocal gone
-        gone = True
-        event.set()
-
-    watching = client is not None and client.watch_gone(client_left)
+    """Wait for ``event`` (at most ``timeout`` seconds, to the sweeper's resolution) while
+    watching ``client``: True when the client hung up (before or while waiting), which
+    ends the wait at once."""
+    wait = _Wait(time.monotonic() + timeout, event)
+    on_gone = wait.client_left
+    watching = client is not None and client.watch_gone(on_gone)
     if client is not None and not watching:
         return True  # it is gone already
+    sweeper = deadlines.sweeper()
     try:
-        event.wait(timeout)
+        if timeout > 0:
+            sweeper.add(wait)
+            event.wait()
     finally:
+        sweeper.discard(wait)
         if watching:
             assert client is not None
-            client.unwatch_gone(client_left)
-    return gone
+            client.unwatch_gone(on_gone)
+    return wait.gone
 
 
 def _wait(

@@ -39,7 +39,6 @@ from __future__ import annotations
 import re
 import socket
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -170,16 +169,17 @@ class H1Exchange:
         self.version = "1.1"
         self.headers: list[http.Header] = []
         self.lower_names: list[bytes] = []
-        self.hosts: list[bytes] = []
+        # Lines few requests carry are tuples, grown by ``+=`` (no list per request).
+        self.hosts: tuple[bytes, ...] = ()
         self.host = ""
         self.content_length: int | None = None
-        self.transfer_encodings: list[bytes] = []
-        self.connection_values: list[bytes] = []
+        self.transfer_encodings: tuple[bytes, ...] = ()
+        self.connection_values: tuple[bytes, ...] = ()
         self.expect_continue = False
         self.upgrade = False
         self.upgrade_value: bytes | None = None
         #: ``X-Activator-Forwarded`` lines (the hops between activators), in order.
-        self.forwarded: list[bytes] = []
+        self.forwarded: tuple[bytes, ...] = ()
         self.content_type: bytes | None = None
         self.grpc_timeout: bytes | None = None
         #: Bytes the client sent after the head of an upgrade request (tunnel data).
@@ -189,11 +189,13 @@ class H1Exchange:
         #: Set when the head is fine for llhttp but refused by our rules.
         self.refusal: ActivatorError | None = None
         self.head_done = False
-        self.body: deque[bytes] = deque()
+        #: Body pieces parsed and not read yet (a list: an empty deque costs 600 bytes,
+        #: and this one holds a piece or two).
+        self.body: list[bytes] = []
         self.body_bytes = 0
         self.body_done = False
         self.body_error: ActivatorError | None = None
-        self.trailers: list[http.Header] = []
+        self.trailers: tuple[http.Header, ...] = ()
         self.continue_sent = False
         self.started = False
         self.finished = False
@@ -227,15 +229,15 @@ class H1Exchange:
                 if not self.started:
                     self.conn.send(_CONTINUE)
             self.conn.pump_body(self)
-        piece = body.popleft()
+        piece = body.pop(0)
         if len(piece) > size:
-            body.appendleft(piece[size:])
+            body.insert(0, piece[size:])
             return piece[:size]
         if body and len(piece) + len(body[0]) <= size:  # several pieces already here: one read
             pieces = [piece]
             taken = len(piece)
             while body and taken + len(body[0]) <= size:
-                more = body.popleft()
+                more = body.pop(0)
                 pieces.append(more)
                 taken += len(more)
             piece = b"".join(pieces)
@@ -410,6 +412,34 @@ class H1Exchange:
 class H1Connection(deadlines.Watched):
     """One client connection (see the module docstring). Used by one greenlet."""
 
+    __slots__ = (
+        "client_ip",
+        "client_ip_bytes",
+        "client_timeout",
+        "max_header_bytes",
+        "max_body_bytes",
+        "scheme",
+        "scheme_bytes",
+        "closing",
+        "cut",
+        "_parser",
+        "_ready",
+        "_current",
+        "_url_parts",
+        "_head_bytes",
+        "_fed_in_head",
+        "_error",
+        "_eof",
+        "_stopped",
+        "_upgraded",
+        "_in_head_wait",
+        "_feeding",
+        "_head_raw",
+        "_head_raw_from_start",
+        "_at_boundary",
+        "_completed_in_feed",
+    )
+
     def __init__(
         self,
         sock: Any,
@@ -432,7 +462,7 @@ class H1Connection(deadlines.Watched):
         #: A response was abandoned mid-way: close without lingering.
         self.cut = False
         self._parser = httptools.HttpRequestParser(self)
-        self._ready: deque[H1Exchange] = deque()
+        self._ready: list[H1Exchange] = []  # heads parsed ahead (pipelining), in order
         self._current: H1Exchange | None = None  # the message being parsed
         self._url_parts: list[bytes] = []
         self._head_bytes = 0  # header section size so far (what max_header_bytes limits)
@@ -477,7 +507,7 @@ class H1Connection(deadlines.Watched):
         exchange = self._current
         assert exchange is not None
         if exchange.head_done:  # a trailer of a chunked body
-            exchange.trailers.append((name, value))
+            exchange.trailers += ((name, value),)
             return
         exchange.headers.append((name, value))
         lower = name.lower()
@@ -487,19 +517,19 @@ class H1Connection(deadlines.Watched):
             raise HeadersTooLarge(f"header section over {self.max_header_bytes} bytes")
         if lower in _SPECIAL:
             if lower == _HOST:
-                exchange.hosts.append(value)
+                exchange.hosts += (value,)
             elif lower == _CONTENT_LENGTH:
                 exchange.content_length = int(value)  # llhttp has validated it
             elif lower == _TRANSFER_ENCODING:
-                exchange.transfer_encodings.append(value)
+                exchange.transfer_encodings += (value,)
             elif lower == _CONNECTION:
-                exchange.connection_values.append(value)
+                exchange.connection_values += (value,)
             elif lower == _EXPECT:
                 exchange.expect_continue = value.lower() == b"100-continue"
             elif lower == _UPGRADE:
                 exchange.upgrade_value = value
             elif lower == _FORWARDED:
-                exchange.forwarded.append(value)
+                exchange.forwarded += (value,)
             elif lower == _CONTENT_TYPE:
                 exchange.content_type = value
             else:
@@ -537,6 +567,7 @@ class H1Connection(deadlines.Watched):
             if error.closes_connection:
                 raise  # stops the parser: nothing after this head is read as HTTP
             exchange.refusal = error
+        self._head_raw = _NO_BYTES  # checked: not kept while the request waits
         exchange.head_done = True
         if exchange.framing is BodyFraming.NONE:
             exchange.body_done = True
@@ -620,7 +651,7 @@ class H1Connection(deadlines.Watched):
                 self.deadline = 0.0
                 self._in_head_wait = False
         if ready:
-            return ready.popleft()
+            return ready.pop(0)
         if self._error is not None:
             error, self._error = self._error, None
             self._stopped = True
@@ -665,6 +696,7 @@ class H1Connection(deadlines.Watched):
         self._completed_in_feed = 0
         try:
             self._parser.feed_data(data)
+            self._feeding = _NO_BYTES
         except httptools.HttpParserUpgrade as upgrade:
             self._upgraded = True
             offset = upgrade.args[0]
@@ -724,8 +756,8 @@ class H1Connection(deadlines.Watched):
         while not exchange.body_done:
             if exchange.body_error is not None or drained > DRAIN_LIMIT:
                 return False
-            while exchange.body:
-                drained += len(exchange.body.popleft())
+            drained += sum(map(len, exchange.body))
+            exchange.body.clear()
             if not exchange.body_done:
                 self.pump_body(exchange)
         return exchange.body_error is None and not self._upgraded

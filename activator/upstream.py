@@ -62,7 +62,7 @@ import ipaddress
 import select
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
 
 import httptools
@@ -103,7 +103,9 @@ _LAST_CHUNK = b"0\r\n\r\n"
 class BodySource(Protocol):
     """The request body as the client sends it (``exchange.ClientExchange`` is one)."""
 
-    trailers: list[Header]
+    @property
+    def trailers(self) -> Sequence[Header]:
+        """The request's trailers, once its body ended."""
 
     def read(self, size: int = ...) -> bytes: ...
 
