@@ -142,14 +142,21 @@ class PodResponse(Protocol):
     reason: bytes
     headers: list[Header]
     lower_names: list[bytes]
-    connection_values: list[bytes]
     framing: BodyFraming  # LENGTH, CHUNKED (a stream, trailers possible), CLOSE or NONE
     content_length: int | None
     early: bool  # it came before the request was sent whole (the client connection closes after it)
     upgraded: bool  # a 101: ``detach()`` gives the socket for the tunnel
     tunnel_data: bytes  # a 101: what the pod sent after its head
     complete: bool  # the whole body is here (``take_body``)
-    trailers: list[Header]  # after the body
+
+    # Lines an HTTP/1.1 pod response keeps as tuples, HTTP/2 as lists (read-only here).
+    @property
+    def connection_values(self) -> Sequence[bytes]:
+        """``Connection`` lines (HTTP/2: none)."""
+
+    @property
+    def trailers(self) -> Sequence[Header]:
+        """Trailer fields, after the body."""
 
     def take_body(self) -> bytes: ...
 

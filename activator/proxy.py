@@ -322,8 +322,8 @@ class Proxy:
         if self.stopping:
             raise ShuttingDown()
         config = throttler.config
-        marker = self._marker(exchange)
-        deadline = self._grpc_deadline(exchange, record)
+        marker = self._marker(exchange) if exchange.forwarded else None
+        deadline = self._grpc_deadline(exchange, record) if exchange.grpc_timeout is not None else None
         # Built before waiting, so that a handed-over slot is put to use at once.
         pod_headers = http.pod_request_headers(
             exchange.headers,
@@ -495,7 +495,13 @@ class Proxy:
     def _relay(
         self, exchange: ClientExchange, response: PodResponse, record: RequestRecord, lease: SlotLease | None
     ) -> None:
-        """Stream the pod's answer to the client; the pod connection is closed or pooled."""
+        """Stream the pod's answer to the client; the pod connection is closed or pooled.
+
+        An answer that came whole with its head (the usual small one) frees the pod before
+        the client gets it: the connection goes back to its pool and the slot to the next
+        waiter (``lease``), whose request reaches the pod while this one is written out.
+        """
+        pooled = False
         try:
             if time.monotonic() - record.start > HANGUP_CHECK_AFTER and exchange.client_gone():
                 # Nobody will read it: drop the pod connection rather than pool it.
@@ -512,17 +518,24 @@ class Proxy:
                 keep_length=keep_length,
             )
             exchange.start(status, response.reason, headers, framing, close=response.early)
+            if response.complete:
+                body = response.take_body()
+                trailers = _trailers_relayed(response, framing)
+                pooled = True
+                response.close()  # nothing of it is read after this: the next request may reuse it
+                if lease is not None:
+                    lease.release()
+                exchange.write(body)
+                exchange.finish(trailers)
+                return
+            first = response.take_body()
             try:
-                if response.complete:  # the whole answer came with its head (the usual small one)
-                    exchange.write(response.take_body())
+                if first:
+                    exchange.write(first)
                 else:
-                    first = response.take_body()
-                    if first:
-                        exchange.write(first)
-                    else:
-                        exchange.flush()  # a stream's head goes out before its first event
-                    for piece in response.body():
-                        exchange.write(piece)
+                    exchange.flush()  # a stream's head goes out before its first event
+                for piece in response.body():
+                    exchange.write(piece)
             except UpstreamBodyError as error:
                 # The head is out: the only honest signal left is cutting the connection.
                 record.reason = error.log_reason
@@ -530,10 +543,10 @@ class Proxy:
                     lease.failed(error.kind)
                 exchange.cut()
                 return
-            trailers = http.relayed_trailers(response.trailers) if framing is BodyFraming.CHUNKED else ()
-            exchange.finish(trailers)
+            exchange.finish(_trailers_relayed(response, framing))
         finally:
-            response.close()
+            if not pooled:
+                response.close()
 
     def _tunnel(
         self,
@@ -608,13 +621,48 @@ class Proxy:
         self._relay(exchange, response, record, None)
 
 
+class EveryPath:
+    """The proxy port's Falcon router (a custom router, Falcon's extension point): every
+    path and every method go to the proxy. Nothing is looked up or matched per request,
+    where a sink costs a route search and a pattern match first."""
+
+    def __init__(self, responder: Callable[..., None]) -> None:
+        self._methods = _EveryMethod(responder)
+
+    def add_route(self, uri_template: str, resource: object, **kwargs: Any) -> None:
+        raise ValueError("the proxy port has no routes: every path goes to the proxy")
+
+    def find(self, uri: str, req: falcon.Request | None = None) -> tuple[object, dict[str, Any], dict[str, Any], None]:
+        """(resource, method map, path fields, template): the proxy, whatever the path."""
+        return self, self._methods, {}, None
+
+
+class _EveryMethod(dict[str, Any]):
+    """Falcon's method map of the proxy: any method name -> the proxy's responder."""
+
+    def __init__(self, responder: Callable[..., None]) -> None:
+        super().__init__((method, responder) for method in _COMMON_METHODS)
+        self._responder = responder
+
+    def __missing__(self, method: str) -> Callable[..., None]:
+        return self._responder  # not stored: an HTTP/2 method can be any token
+
+
+_COMMON_METHODS = ("GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "PATCH", "TRACE")
+
+
 def make_app(proxy: Proxy) -> falcon.App[falcon.Request, falcon.Response]:
-    """The WSGI app for the proxy port: every path goes to the sink."""
-    app: falcon.App[falcon.Request, falcon.Response] = falcon.App()
+    """The WSGI app for the proxy port: every request goes to ``proxy``."""
+    # The responder is bound: one C-level call less per request (see engine).
+    router = EveryPath(proxy.__call__)
+    app: falcon.App[falcon.Request, falcon.Response] = falcon.App(router=router)  # type: ignore[call-overload]
     app.req_options.strip_url_path_trailing_slash = False
-    # prefix "" (matches any path), not "/": every target reaches the sink.
-    app.add_sink(proxy.__call__, prefix="")  # bound: one C-level call less per request (see engine)
     return app
+
+
+def _trailers_relayed(response: PodResponse, framing: BodyFraming) -> list[Header] | tuple[()]:
+    """What of the pod's trailers reaches the client (only a chunked answer carries them)."""
+    return http.relayed_trailers(response.trailers) if framing is BodyFraming.CHUNKED else ()
 
 
 def _pass_on_deadline(pod_headers: list[Header], deadline: float) -> None:

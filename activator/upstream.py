@@ -375,7 +375,7 @@ class PodConnection(deadlines.Watched):
         "_interim",
         "_remaining",
         "_sent_at",
-        "_reason_parts",
+        "_reason_so_far",
         "_interims",
         "_pending",
         "_keep_alive",
@@ -424,8 +424,9 @@ class PodConnection(deadlines.Watched):
         self.reason = b""
         self.headers: list[Header] = []
         self.lower_names: list[bytes] = []
-        self.connection_values: list[bytes] = []
-        self.trailers: list[Header] = []
+        # Lines few responses carry are tuples, grown by ``+=`` (no list per exchange).
+        self.connection_values: tuple[bytes, ...] = ()
+        self.trailers: tuple[Header, ...] = ()
         self.framing = BodyFraming.NONE
         self.content_length: int | None = None
         self.early = False
@@ -434,8 +435,8 @@ class PodConnection(deadlines.Watched):
         self.head_done = False
         self.complete = False
         self.received = False
-        self._reason_parts: list[bytes] = []
-        self._interims: list[tuple[int, bytes, list[Header]]] = []
+        self._reason_so_far = b""
+        self._interims: tuple[tuple[int, bytes, list[Header]], ...] = ()
         self._pending: list[bytes] = []
         self._keep_alive = False
         self._extra = False
@@ -611,7 +612,7 @@ class PodConnection(deadlines.Watched):
             self._extra = True  # garbage after a complete answer: answer it, never reuse
         interims = self._interims
         if interims:
-            self._interims = []
+            self._interims = ()
             interim = self._interim
             for status, reason, headers in interims:
                 if interim is not None and status != 100:
@@ -655,14 +656,14 @@ class PodConnection(deadlines.Watched):
             self._extra = True
 
     def on_status(self, reason: bytes) -> None:
-        self._reason_parts.append(reason)
+        self._reason_so_far += reason
 
     def on_header(self, name: bytes, value: bytes) -> None:
         if self.head_done:
             if self.complete:  # a message after this response: not ours
                 self._extra = True
             else:
-                self.trailers.append((name, value))
+                self.trailers += ((name, value),)
             return
         self.headers.append((name, value))
         lower = name.lower()
@@ -676,7 +677,7 @@ class PodConnection(deadlines.Watched):
                 self._chunked = value.rsplit(b",", 1)[-1].strip(b" \t").lower() == b"chunked"
                 self._other_coding = not self._chunked
             else:
-                self.connection_values.append(value)
+                self.connection_values += (value,)
 
     def on_headers_complete(self) -> None:
         if self.head_done:
@@ -685,14 +686,13 @@ class PodConnection(deadlines.Watched):
         parser = self._parser
         assert parser is not None
         status = parser.get_status_code()
-        parts = self._reason_parts
-        reason = parts[0] if len(parts) == 1 else b"".join(parts)
-        self._reason_parts = []
+        reason = self._reason_so_far
+        self._reason_so_far = b""
         if status < 200 and status != 101:
-            self._interims.append((status, reason, self.headers))
+            self._interims += ((status, reason, self.headers),)
             self.headers = []
             self.lower_names = []
-            self.connection_values = []
+            self.connection_values = ()
             self.content_length = None
             self._chunked = False
             return

@@ -236,7 +236,10 @@ class Topology:
         service that has a usable slot elsewhere. Workers never forward to each other
         (``core.slotexchange``).
         """
-        return self.fleet.forward_target(service, self._own_capacity_spent(service))
+        fleet = self.fleet
+        if not fleet.divided(service):  # a lone activator (the usual case): nothing to ask
+            return None
+        return fleet.forward_target(service, self._own_capacity_spent(service))
 
     def _own_capacity_spent(self, service: str) -> bool:
         """Whether this activator has no usable slot of ``service`` (with workers, what the
