@@ -233,10 +233,9 @@ class HttpServer:
         environ["REQUEST_METHOD"] = exchange.method
         environ["PATH_INFO"] = path.decode("latin-1")
         environ["QUERY_STRING"] = query.decode("latin-1")
-        environ["RAW_URI"] = target.decode("latin-1")
         environ["SERVER_PROTOCOL"] = _SERVER_PROTOCOLS.get(exchange.version, "HTTP/1.0")
         environ["REMOTE_ADDR"] = exchange.client_ip
-        environ["wsgi.url_scheme"] = exchange.scheme_bytes.decode("ascii")
+        environ["wsgi.url_scheme"] = _SCHEMES[exchange.scheme_bytes]
         environ["wsgi.input"] = _Input(exchange)
         environ[EXCHANGE] = exchange
         keys = _ENVIRON_KEYS
@@ -257,6 +256,7 @@ def _direct_call(app: Application) -> Application:
     return call if isinstance(call, types.MethodType) else app
 
 
+_SCHEMES = {b"http": "http", b"https": "https"}
 _SERVER_PROTOCOLS = {"1.1": "HTTP/1.1", "1.0": "HTTP/1.0", "2": "HTTP/2"}
 
 #: Header name (lower-cased bytes) -> its WSGI environ key; bounded, names are client input.

@@ -598,11 +598,14 @@ class H1Connection(deadlines.Watched):
         of the message before it).
         """
         line = b"%s %s HTTP/%s\r\n" % (method, target, version.encode("ascii"))
-        at = self._head_raw.find(line)
+        raw = self._head_raw
+        if raw.startswith(line):  # the usual case: nothing before it
+            return
+        at = raw.find(line)
         if at < 0:
             raise BadRequest("malformed request line")
         # Before it, only empty lines (RFC 9112 2.2); llhttp also skips a bare CR there.
-        if self._head_raw_from_start and self._head_raw[:at].replace(b"\r\n", b"").strip(b"\n"):
+        if self._head_raw_from_start and raw[:at].replace(b"\r\n", b"").strip(b"\n"):
             raise BadRequest("bytes before the request line")
 
     # -- reading ----------------------------------------------------------------------------

@@ -1,7 +1,7 @@
-"""The proxy: a Falcon sink that routes by Host, waits for a slot, and relays a pod's answer.
+"""The proxy: the Falcon app's one responder: it routes by Host, waits for a slot, and relays a pod's answer.
 
 What this module decides, for one request (an ``exchange.ClientExchange`` the engine hands
-over in the environ: an HTTP/1.x request or an HTTP/2 stream; the sink writes the
+over in the environ: an HTTP/1.x request or an HTTP/2 stream; the proxy writes the
 response there itself, so that the pod's answer reaches the client unchanged: 1xx first,
 every header line in its order, trailers):
 
@@ -236,7 +236,8 @@ class SharedLease:
 
 
 class Proxy:
-    """The Falcon sink. One instance per process; the topology is swapped under it."""
+    """The responder of every request (``EveryPath``). One instance per process; the
+    topology is swapped under it."""
 
     def __init__(
         self,
