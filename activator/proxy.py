@@ -498,9 +498,10 @@ class Proxy:
     ) -> None:
         """Stream the pod's answer to the client; the pod connection is closed or pooled.
 
-        An answer that came whole with its head (the usual small one) frees the pod before
-        the client gets it: the connection goes back to its pool and the slot to the next
-        waiter (``lease``), whose request reaches the pod while this one is written out.
+        An answer that came whole with its head (the usual small one) goes back to the
+        pool before it is written out, and its slot (``lease``) to the next waiter as soon
+        as it was delivered (SPEC: the slot is held until then): the hand-off does not
+        wait for the rest of this request's bookkeeping.
         """
         pooled = False
         try:
@@ -524,10 +525,10 @@ class Proxy:
                 trailers = _trailers_relayed(response, framing)
                 pooled = True
                 response.close()  # nothing of it is read after this: the next request may reuse it
-                if lease is not None:
-                    lease.release()
                 exchange.write(body)
                 exchange.finish(trailers)
+                if lease is not None:
+                    lease.release()
                 return
             first = response.take_body()
             try:
