@@ -169,17 +169,17 @@ class H1Exchange:
         self.version = "1.1"
         self.headers: list[http.Header] = []
         self.lower_names: list[bytes] = []
-        # Lines few requests carry are tuples, grown by ``+=`` (no list per request).
-        self.hosts: tuple[bytes, ...] = ()
+        # Lines few requests carry: no list until one comes (``core.http.add_line``).
+        self.hosts: list[bytes] | tuple[()] = ()
         self.host = ""
         self.content_length: int | None = None
-        self.transfer_encodings: tuple[bytes, ...] = ()
-        self.connection_values: tuple[bytes, ...] = ()
+        self.transfer_encodings: list[bytes] | tuple[()] = ()
+        self.connection_values: list[bytes] | tuple[()] = ()
         self.expect_continue = False
         self.upgrade = False
         self.upgrade_value: bytes | None = None
         #: ``X-Activator-Forwarded`` lines (the hops between activators), in order.
-        self.forwarded: tuple[bytes, ...] = ()
+        self.forwarded: list[bytes] | tuple[()] = ()
         self.content_type: bytes | None = None
         self.grpc_timeout: bytes | None = None
         #: Bytes the client sent after the head of an upgrade request (tunnel data).
@@ -195,7 +195,7 @@ class H1Exchange:
         self.body_bytes = 0
         self.body_done = False
         self.body_error: ActivatorError | None = None
-        self.trailers: tuple[http.Header, ...] = ()
+        self.trailers: list[http.Header] | tuple[()] = ()
         self.continue_sent = False
         self.started = False
         self.finished = False
@@ -507,7 +507,7 @@ class H1Connection(deadlines.Watched):
         exchange = self._current
         assert exchange is not None
         if exchange.head_done:  # a trailer of a chunked body
-            exchange.trailers += ((name, value),)
+            exchange.trailers = http.add_line(exchange.trailers, (name, value))
             return
         exchange.headers.append((name, value))
         lower = name.lower()
@@ -517,19 +517,19 @@ class H1Connection(deadlines.Watched):
             raise HeadersTooLarge(f"header section over {self.max_header_bytes} bytes")
         if lower in _SPECIAL:
             if lower == _HOST:
-                exchange.hosts += (value,)
+                exchange.hosts = http.add_line(exchange.hosts, value)
             elif lower == _CONTENT_LENGTH:
                 exchange.content_length = int(value)  # llhttp has validated it
             elif lower == _TRANSFER_ENCODING:
-                exchange.transfer_encodings += (value,)
+                exchange.transfer_encodings = http.add_line(exchange.transfer_encodings, value)
             elif lower == _CONNECTION:
-                exchange.connection_values += (value,)
+                exchange.connection_values = http.add_line(exchange.connection_values, value)
             elif lower == _EXPECT:
                 exchange.expect_continue = value.lower() == b"100-continue"
             elif lower == _UPGRADE:
                 exchange.upgrade_value = value
             elif lower == _FORWARDED:
-                exchange.forwarded += (value,)
+                exchange.forwarded = http.add_line(exchange.forwarded, value)
             elif lower == _CONTENT_TYPE:
                 exchange.content_type = value
             else:

@@ -323,8 +323,8 @@ class Proxy:
         if self.stopping:
             raise ShuttingDown()
         config = throttler.config
-        marker = self._marker(exchange) if exchange.forwarded else None
-        deadline = self._grpc_deadline(exchange, record) if exchange.grpc_timeout is not None else None
+        marker = self._marker(exchange)
+        deadline = self._grpc_deadline(exchange, record)
         # Built before waiting, so that a handed-over slot is put to use at once.
         pod_headers = http.pod_request_headers(
             exchange.headers,

@@ -13,9 +13,9 @@ incarnation and inherited by it:
   follows the exchange's ``Contended`` flags; a slot that frees goes straight to this
   worker's first in line when no older request waits elsewhere. A request that gives up
   (queue timeout, client gone) is cancelled at the exchange at once; a slot granted to
-  a request that is gone is offered again. Its reader greenlet is the only one that receives; sends never yield
-  (datagrams on a local socket: a full socket buffer raises, and the worker is restarted
-  rather than lose a slot silently).
+  a request that is gone is offered again. Its reader greenlet is the only one that
+  receives; sends never yield (datagrams on a local socket: a full socket buffer raises,
+  and the worker is restarted rather than lose a slot silently).
 """
 
 from __future__ import annotations

@@ -72,7 +72,7 @@ from gevent.monkey import get_original
 from . import deadlines
 from .core.errors import ClientBodyError, UpstreamBadResponse, UpstreamConnectError, UpstreamTimeout
 from .core.failures import FailureKind
-from .core.http import BodyFraming, Header, header_block
+from .core.http import BodyFraming, Header, add_line, header_block
 from .exchange import InterimCallback
 
 __all__ = [
@@ -424,9 +424,9 @@ class PodConnection(deadlines.Watched):
         self.reason = b""
         self.headers: list[Header] = []
         self.lower_names: list[bytes] = []
-        # Lines few responses carry are tuples, grown by ``+=`` (no list per exchange).
-        self.connection_values: tuple[bytes, ...] = ()
-        self.trailers: tuple[Header, ...] = ()
+        # Lines few responses carry: no list until one comes (``core.http.add_line``).
+        self.connection_values: list[bytes] | tuple[()] = ()
+        self.trailers: list[Header] | tuple[()] = ()
         self.framing = BodyFraming.NONE
         self.content_length: int | None = None
         self.early = False
@@ -436,7 +436,7 @@ class PodConnection(deadlines.Watched):
         self.complete = False
         self.received = False
         self._reason_so_far = b""
-        self._interims: tuple[tuple[int, bytes, list[Header]], ...] = ()
+        self._interims: list[tuple[int, bytes, list[Header]]] | tuple[()] = ()
         self._pending: list[bytes] = []
         self._keep_alive = False
         self._extra = False
@@ -663,7 +663,7 @@ class PodConnection(deadlines.Watched):
             if self.complete:  # a message after this response: not ours
                 self._extra = True
             else:
-                self.trailers += ((name, value),)
+                self.trailers = add_line(self.trailers, (name, value))
             return
         self.headers.append((name, value))
         lower = name.lower()
@@ -677,7 +677,7 @@ class PodConnection(deadlines.Watched):
                 self._chunked = value.rsplit(b",", 1)[-1].strip(b" \t").lower() == b"chunked"
                 self._other_coding = not self._chunked
             else:
-                self.connection_values += (value,)
+                self.connection_values = add_line(self.connection_values, value)
 
     def on_headers_complete(self) -> None:
         if self.head_done:
@@ -689,7 +689,7 @@ class PodConnection(deadlines.Watched):
         reason = self._reason_so_far
         self._reason_so_far = b""
         if status < 200 and status != 101:
-            self._interims += ((status, reason, self.headers),)
+            self._interims = add_line(self._interims, (status, reason, self.headers))
             self.headers = []
             self.lower_names = []
             self.connection_values = ()

@@ -37,6 +37,7 @@ import ipaddress
 import re
 from collections.abc import Sequence
 from http import HTTPStatus
+from typing import TypeVar
 
 from .errors import (
     ActivatorError,
@@ -50,6 +51,19 @@ from .errors import (
 
 #: One header line as the parser delivered it: (name, value), both raw bytes.
 Header = tuple[bytes, bytes]
+
+_Item = TypeVar("_Item")
+
+
+def add_line(lines: list[_Item] | tuple[()], item: _Item) -> list[_Item]:
+    """``lines`` with ``item`` at the end. Lines most messages do not carry (Host,
+    Connection, trailers, ...) start as the empty tuple: no list is made per message
+    until one comes, and each one after that is appended in place."""
+    if isinstance(lines, list):
+        lines.append(item)
+        return lines
+    return [item]
+
 
 #: Request headers that never reach the pod (besides those named in ``Connection``).
 #: ``Expect`` is ours: activator sends ``100 Continue`` itself once the slot is granted.
