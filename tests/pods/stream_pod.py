@@ -7,7 +7,9 @@ head; then the pod sends one event (one chunk: ``id: I``, ``data: event I``) eac
 the control port gets ``POST /send?n=K`` (K events), and the last chunk after
 ``POST /end``. Told nothing, it sends nothing: a pod that stops mid-body. A stream is
 one unit of work (``podstats.Stats``, named ``/events``) until it ended or the peer
-closed the connection; ``notes`` count the events written (``sent``). Any other path:
+closed the connection; ``notes`` count the events written (``sent``, counted just before
+each one goes out: counted after, a client could read an event before the pod's count
+of it moved). Any other path:
 404. Written on sockets, not on a framework, so that nothing but the test decides when
 a byte goes out; each connection serves one request and is closed.
 """
@@ -109,11 +111,11 @@ def main() -> None:
                         sock.sendall(b"0\r\n\r\n")
                         return
                     data = event(sent)
+                    sent += 1
+                    stats.note("sent")
                     sock.sendall(b"%x\r\n%s\r\n" % (len(data), data))
                 except OSError:
                     return
-                sent += 1
-                stats.note("sent")
 
     socketserver.ThreadingTCPServer.allow_reuse_address = True
     server = socketserver.ThreadingTCPServer((HOST, args.port), Handler)
