@@ -2,7 +2,8 @@
 
 4 pods (``/delay?ms=20``: a 20 ms service time) with ``container_concurrency: 1``;
 Poisson arrivals, open loop, at 70% and 90% utilisation (rate = util x pods / service
-time), the same seeded arrival sequence for both proxies. activator: ``lb_policy: auto``
+time), the same seeded arrival sequence for both proxies, in interleaved rounds whose
+samples are pooled (one run each swings by +-15% at 90%). activator: ``lb_policy: auto``
 (first-available for cc 1), FIFO queue. HAProxy: ``balance first``, ``server ... maxconn
 1``, the backend queue, ``timeout queue``.
 
@@ -160,7 +161,8 @@ def run(ctx: c.Ctx) -> Section:
         f"{PODS} pods (`/delay?ms={SERVICE_MS}`), `container_concurrency: 1`, of two kinds in turn: "
         "`tests/backend.py` (one write per response, TCP_NODELAY) and `bench/twowrite_pod.py` (head and body "
         "in two sends on sockets without TCP_NODELAY, like Python's `http.server`). "
-        "Poisson arrivals (open loop, seeded: the same arrival times for both proxies) at a rate of "
+        "Poisson arrivals (open loop, seeded: the same arrival times for both proxies, interleaved rounds, "
+        "samples pooled) at a rate of "
         "util x pods / S, where S is the pod's own service time measured first: one client, direct, the "
         "faster of one kept-alive connection and a new connection per request (the two-write pod stalls on "
         "a kept-alive connection whose client delays its ACKs; a new connection starts in quick-ACK mode). "
@@ -190,8 +192,8 @@ def run(ctx: c.Ctx) -> Section:
 
 def _measure(ctx: c.Ctx, sec: Section, kind: PodKind, syslog: Syslog) -> None:
     """One pod kind: the one-client times, the slot times with every slot busy, the queue-wait runs."""
-    count = ctx.n(3000, 300)
-    results: dict[tuple[str, float], dict[str, Any]] = {}
+    count, rounds = ctx.n(3000, 300), ctx.n(3, 1)
+    results: dict[tuple[str, float], list[dict[str, Any]]] = {}
     with c.Procs(ctx, f"scheduling-{kind.key}") as procs:
         pods = [kind.start(procs, f"pod{i}")[1] for i in range(PODS)]
         addrs = [f"127.0.0.1:{p}" for p in pods]
@@ -249,33 +251,55 @@ def _measure(ctx: c.Ctx, sec: Section, kind: PodKind, syslog: Syslog) -> None:
             times += [(name, 16, _closed(ctx, port, 16, ctx.dur(4, 1.5)) * PODS) for name, port in queued.items()]
             service_s = min(times[0][2], times[1][2])
             slot_time = {name: t for name, clients, t in times if clients == 16}
-            for util in UTILS:
-                rate = util * PODS / service_s
-                for name, port in queued.items():
-                    c.log(f"scheduling, {kind.key}: {name} at {util:.0%} ({rate:.0f} req/s, {count} requests)")
-                    if name == ACTIVATOR:
-                        offset = act.stdout_path.stat().st_size
-                    else:
-                        syslog.take()
-                    r = _one(ctx, port, rate, count, pods)
-                    if name == ACTIVATOR:
-                        with open(act.stdout_path, "rb") as f:
-                            f.seek(offset)
-                            text = f.read().decode("latin-1")
-                        tw = [int(m.group(1)) for m in _TW.finditer(text)]
-                    else:
-                        time.sleep(0.3)
-                        tw = [int(m.group(1)) for line in syslog.take() for m in _TW.finditer(line)]
-                    r["tw"] = [x for x in tw if x >= 0]
-                    r["rate"] = rate
-                    results[(name, util)] = r
-    _report(sec, kind, count, service_s, times, slot_time, results)
+            # Interleaved rounds (the order of the proxies alternates), samples pooled: one
+            # run of each at 90% swings by +-15% between runs on the same arrivals.
+            for r in range(rounds):
+                order = list(queued.items()) if r % 2 == 0 else list(queued.items())[::-1]
+                for util in UTILS:
+                    rate = util * PODS / service_s
+                    for name, port in order:
+                        c.log(
+                            f"scheduling, {kind.key}: {name} at {util:.0%} ({rate:.0f} req/s, {count} requests), "
+                            f"round {r + 1}/{rounds}"
+                        )
+                        if name == ACTIVATOR:
+                            offset = act.stdout_path.stat().st_size
+                        else:
+                            syslog.take()
+                        run = _one(ctx, port, rate, count, pods)
+                        if name == ACTIVATOR:
+                            with open(act.stdout_path, "rb") as f:
+                                f.seek(offset)
+                                text = f.read().decode("latin-1")
+                            tw = [int(m.group(1)) for m in _TW.finditer(text)]
+                        else:
+                            time.sleep(0.3)
+                            tw = [int(m.group(1)) for line in syslog.take() for m in _TW.finditer(line)]
+                        run["tw"] = [x for x in tw if x >= 0]
+                        run["rate"] = rate
+                        results.setdefault((name, util), []).append(run)
+    _report(sec, kind, count, rounds, service_s, times, slot_time, {key: _pool(runs) for key, runs in results.items()})
+
+
+def _pool(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The rounds of one proxy at one load as one sample set (per-round Tw means kept)."""
+    return {
+        "lat": [x for r in runs for x in r["lat"]],
+        "tw": [x for r in runs for x in r["tw"]],
+        "tw_means": [c.mean(r["tw"]) for r in runs],
+        "failed": sum(r["failed"] for r in runs),
+        "span": sum(r["span"] for r in runs),
+        "counts": [sum(r["counts"][i] for r in runs) for i in range(PODS)],
+        "peaks": [max(r["peaks"][i] for r in runs) for i in range(PODS)],
+        "rate": runs[0]["rate"],
+    }
 
 
 def _report(
     sec: Section,
     kind: PodKind,
     count: int,
+    rounds: int,
     service_s: float,
     times: list[tuple[str, int, float]],
     slot_time: dict[str, float],
@@ -303,6 +327,7 @@ def _report(
                 len(r["lat"]),
                 len(r["tw"]),
                 c.mean(r["tw"]),
+                " / ".join(f"{m:.2f}" for m in r["tw_means"]),
                 c.pct(r["tw"], 50),
                 c.pct(r["tw"], 99),
                 max(r["tw"], default=0),
@@ -316,8 +341,8 @@ def _report(
         )
     sec.tables.append(
         Table(
-            f"{kind.label}: {count} requests per run; times in ms; per-pod columns are pod1 / pod2 / pod3 / pod4 "
-            "(file order)",
+            f"{kind.label}: {count} requests per run, {rounds} interleaved round(s) (the proxies' order alternating), "
+            "samples pooled over the rounds; times in ms; per-pod columns are pod1 / pod2 / pod3 / pod4 (file order)",
             [
                 "util",
                 "proxy",
@@ -326,6 +351,7 @@ def _report(
                 "ok",
                 "Tw samples",
                 "Tw mean",
+                "Tw mean per round",
                 "Tw p50",
                 "Tw p99",
                 "Tw max",
@@ -358,8 +384,12 @@ def _report(
                 max(h["peaks"]),
             ]
         )
+        per_round = " / ".join(
+            f"{x / y:.2f}" if y else "n/a" for x, y in zip(a["tw_means"], h["tw_means"], strict=True)
+        )
         measured = (
-            f"{am:.2f} vs {hm:.2f} ms mean ({am / hm if hm else float('nan'):.2f}x); p99 {a99:.0f} vs {h99:.0f} ms"
+            f"{am:.2f} vs {hm:.2f} ms mean ({am / hm if hm else float('nan'):.2f}x; rounds {per_round}); "
+            f"p99 {a99:.0f} vs {h99:.0f} ms"
         )
         gap = f"{am - hm:+.2f} ms ({(am / hm - 1) * 100 if hm else float('nan'):+.0f}%)"
         if kind is POD_KINDS[0]:  # issue 8's targets, set on this pod
