@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 import gevent
 import httptools
 from gevent.select import select as gselect
+from gevent.socket import wait_read
 
 from . import deadlines, hangup
 from .core import http
@@ -438,6 +439,7 @@ class H1Connection(deadlines.Watched):
         "_head_raw_from_start",
         "_at_boundary",
         "_completed_in_feed",
+        "_served_one",
     )
 
     def __init__(
@@ -479,6 +481,8 @@ class H1Connection(deadlines.Watched):
         self._head_raw_from_start = True
         self._at_boundary = True  # the feed began between two messages
         self._completed_in_feed = 0
+        #: A request of this plain-TCP connection was handed out already (see ``next_exchange``).
+        self._served_one = False
         sock.settimeout(None)  # timeouts are deadlines (see ``deadlines``)
         deadlines.sweeper().add(self)
 
@@ -643,6 +647,13 @@ class H1Connection(deadlines.Watched):
             self.deadline = time.monotonic() + self.client_timeout
             self._in_head_wait = True
             try:
+                if self._served_one and self._current is None:
+                    # A keep-alive client sends its next request once it has read our
+                    # answer: wait for it rather than try a recv bound to fail (a syscall
+                    # and an exception per request). Not under TLS, whose layer may hold
+                    # decrypted bytes the socket no longer shows. A deadline ends the wait
+                    # too (the socket is shut: EOF).
+                    wait_read(self.sock.fileno())
                 while not ready and self._error is None and not self._stopped:
                     if not self._pump():
                         if self._current is not None:  # part of a head came, not all of it
@@ -654,6 +665,7 @@ class H1Connection(deadlines.Watched):
                 self.deadline = 0.0
                 self._in_head_wait = False
         if ready:
+            self._served_one = self.scheme == "http"
             return ready.pop(0)
         if self._error is not None:
             error, self._error = self._error, None

@@ -495,6 +495,11 @@ class PodConnection(deadlines.Watched):
             if not self.head_done:
                 self.deadline = self._head_deadline()
                 try:
+                    if not self.received:
+                        # A pod has not answered a request sent this instant: wait until it
+                        # does, rather than try a recv bound to fail (a syscall and an
+                        # exception per request). A deadline ends the wait too (EOF).
+                        gsocket.wait_read(self.fd)
                     while not self.head_done:
                         self._receive_head(reused)
                 finally:
