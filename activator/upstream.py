@@ -375,7 +375,7 @@ class PodConnection(deadlines.Watched):
         "_interim",
         "_remaining",
         "_sent_at",
-        "_reason_so_far",
+        "_reason_parts",
         "_interims",
         "_pending",
         "_keep_alive",
@@ -435,7 +435,7 @@ class PodConnection(deadlines.Watched):
         self.head_done = False
         self.complete = False
         self.received = False
-        self._reason_so_far = b""
+        self._reason_parts: list[bytes] | tuple[()] = ()  # llhttp may cut the phrase at each recv
         self._interims: list[tuple[int, bytes, list[Header]]] | tuple[()] = ()
         self._pending: list[bytes] = []
         self._keep_alive = False
@@ -661,7 +661,7 @@ class PodConnection(deadlines.Watched):
             self._extra = True
 
     def on_status(self, reason: bytes) -> None:
-        self._reason_so_far += reason
+        self._reason_parts = add_line(self._reason_parts, reason)
 
     def on_header(self, name: bytes, value: bytes) -> None:
         if self.head_done:
@@ -691,8 +691,9 @@ class PodConnection(deadlines.Watched):
         parser = self._parser
         assert parser is not None
         status = parser.get_status_code()
-        reason = self._reason_so_far
-        self._reason_so_far = b""
+        parts = self._reason_parts
+        reason = parts[0] if len(parts) == 1 else b"".join(parts)
+        self._reason_parts = ()
         if status < 200 and status != 101:
             self._interims = add_line(self._interims, (status, reason, self.headers))
             self.headers = []
