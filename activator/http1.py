@@ -11,7 +11,8 @@ carries the parsed head, reads the body, and writes the response. Its rules:
 - **What llhttp refuses, we refuse**, classified by ``core.http``: a malformed head ->
   400 ``bad-request`` (501 for an unknown method or transfer coding), the connection
   closed after the answer. Our own limits are checked as the parser delivers the head:
-  a request line over 8 KiB -> 414, a header section over ``max_header_bytes`` -> 431.
+  a request line over 8 KiB -> 414, a header section over ``max_header_bytes`` -> 431,
+  and so is a chunked body's trailer section (a field section of its own, same limit).
   Then ``core.http`` checks what llhttp leaves to us (version, target form, Host, body
   framing); a refusal that leaves the framing intact (bad Host, absolute-form) keeps the
   connection.
@@ -427,8 +428,9 @@ class H1Connection(deadlines.Watched):
         "_ready",
         "_current",
         "_url_parts",
-        "_head_bytes",
-        "_fed_in_head",
+        "_field_bytes",
+        "_fed_without_data",
+        "_data_in_feed",
         "_error",
         "_eof",
         "_stopped",
@@ -467,8 +469,13 @@ class H1Connection(deadlines.Watched):
         self._ready: list[H1Exchange] = []  # heads parsed ahead (pipelining), in order
         self._current: H1Exchange | None = None  # the message being parsed
         self._url_parts: list[bytes] = []
-        self._head_bytes = 0  # header section size so far (what max_header_bytes limits)
-        self._fed_in_head = 0  # bytes fed while a head was incomplete (memory backstop)
+        #: Size so far of the field section being parsed, the head's and then a chunked
+        #: body's trailers' (what max_header_bytes limits).
+        self._field_bytes = 0
+        #: Bytes fed since the message began or its body last brought data: a memory
+        #: backstop for a field line llhttp (httptools) buffers until it ends.
+        self._fed_without_data = 0
+        self._data_in_feed = False  # on_body ran during the current feed
         self._error: ActivatorError | None = None  # a refused head, after the ready ones
         self._eof = False  # the client closed (or reset) its side
         self._stopped = False  # nothing more is parsed (an error, or the limit backstop)
@@ -498,8 +505,8 @@ class H1Connection(deadlines.Watched):
         self._head_raw_from_start = self._at_boundary and not self._completed_in_feed
         self._current = H1Exchange(self)
         self._url_parts = []
-        self._head_bytes = 0
-        self._fed_in_head = 0
+        self._field_bytes = 0
+        self._fed_without_data = 0
 
     def on_url(self, url: bytes) -> None:
         parts = self._url_parts
@@ -510,15 +517,17 @@ class H1Connection(deadlines.Watched):
     def on_header(self, name: bytes, value: bytes) -> None:
         exchange = self._current
         assert exchange is not None
+        self._field_bytes += len(name) + len(value) + 4
         if exchange.head_done:  # a trailer of a chunked body
+            if self._field_bytes > self.max_header_bytes:
+                raise HeadersTooLarge(f"trailer section over {self.max_header_bytes} bytes")
             exchange.trailers = http.add_line(exchange.trailers, (name, value))
             return
+        if self._field_bytes > self.max_header_bytes:
+            raise HeadersTooLarge(f"header section over {self.max_header_bytes} bytes")
         exchange.headers.append((name, value))
         lower = name.lower()
         exchange.lower_names.append(lower)
-        self._head_bytes += len(name) + len(value) + 4
-        if self._head_bytes > self.max_header_bytes:
-            raise HeadersTooLarge(f"header section over {self.max_header_bytes} bytes")
         if lower in _SPECIAL:
             if lower == _HOST:
                 exchange.hosts = http.add_line(exchange.hosts, value)
@@ -572,6 +581,7 @@ class H1Connection(deadlines.Watched):
                 raise  # stops the parser: nothing after this head is read as HTTP
             exchange.refusal = error
         self._head_raw = _NO_BYTES  # checked: not kept while the request waits
+        self._field_bytes = self._fed_without_data = 0  # trailers, if any, are a section of their own
         exchange.head_done = True
         if exchange.framing is BodyFraming.NONE:
             exchange.body_done = True
@@ -582,6 +592,7 @@ class H1Connection(deadlines.Watched):
         assert exchange is not None
         exchange.body.append(data)
         exchange.body_bytes += len(data)
+        self._data_in_feed = True
         maximum = self.max_body_bytes
         if maximum is not None and exchange.body_bytes > maximum:
             raise BodyTooLarge(f"request body over max_body_bytes {maximum}")
@@ -724,10 +735,20 @@ class H1Connection(deadlines.Watched):
             self._parse_failed(error)
             return
         current = self._current
-        if current is not None and not current.head_done:
-            self._fed_in_head += len(data)
-            if self._fed_in_head > self.max_header_bytes + RECV_SIZE:
-                self._stopped = True
+        if current is None:
+            return
+        if self._data_in_feed:
+            self._data_in_feed = False
+            self._fed_without_data = 0
+            return
+        self._fed_without_data += len(data)
+        if self._fed_without_data > self.max_header_bytes + RECV_SIZE:
+            self._stopped = True
+            if current.head_done:  # an endless trailer line, or chunk framing with no data
+                current.body_error = ClientBodyError(
+                    f"chunked body: over {self.max_header_bytes + RECV_SIZE} bytes without data"
+                )
+            else:
                 self._error = HeadersTooLarge(f"header section over {self.max_header_bytes} bytes")
 
     def _parse_failed(self, error: httptools.HttpParserError) -> None:

@@ -643,6 +643,27 @@ def test_a_chunked_body_growing_past_max_body_bytes_is_413_and_never_completes_a
     assert b"/SMUGGLED" not in since.raw
 
 
+def test_a_trailer_line_that_never_ends_is_400_at_once_and_never_completes_at_the_pod(proxy: Proxy) -> None:
+    # llhttp delivers a field only once its line ends; until then httptools holds it. Past
+    # max_header_bytes and one recv more with no body data, the request is refused (not at
+    # client_timeout, with all of it held in memory until then).
+    piece = 64 * 1024
+    endless = b"X-Endless: " + b"v" * (8 * piece)
+    mark = quiet_mark(proxy.act, proxy.pod)
+    with wire(proxy.act) as connection:
+        connection.send(post(b"/endless-trailer", b"Transfer-Encoding: chunked") + b"5\r\nhello\r\n0\r\n")
+        uploader = Uploader(connection, [endless[i : i + piece] for i in range(0, len(endless), piece)] + [SMUGGLED])
+        answer = connection.read_response()
+        assert (answer.status, answer.activator_reason) == (400, "client-body"), answer.describe()
+        assert answer.says_close, answer.describe()
+        assert connection.closed_by_peer(), "connection kept open after the 400"
+        uploader.join()
+    wait_quiet(proxy.act, proxy.pod)
+    since = proxy.pod.since(mark)
+    assert since.requests == (), "the pod got a complete request"
+    assert b"/SMUGGLED" not in since.raw
+
+
 def test_zz_after_the_table_the_pod_never_saw_a_smuggled_request_nor_two_at_once(proxy: Proxy) -> None:
     assert proxy.act.is_running(), proxy.act.output_tail()
     for record in proxy.pod.connections():

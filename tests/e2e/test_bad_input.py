@@ -298,6 +298,32 @@ def test_chunked_body_growing_past_the_limit_is_413(setup):
     assert_refused(setup, data, 413, "body-too-large")
 
 
+def _with_trailers(trailer_lines: bytes) -> bytes:
+    """A chunked POST whose last chunk carries ``trailer_lines`` (ending in CRLF, or cut off)."""
+    return req(b"Transfer-Encoding: chunked\r\n", b"5\r\nhello\r\n0\r\n" + trailer_lines, line=b"POST /upload HTTP/1.1")
+
+
+def test_trailer_section_over_the_limit_is_431(setup):
+    # The trailers are a field section of their own, under the same limit as the head's.
+    assert_refused(setup, _with_trailers(_headers_of(5000) + b"\r\n") + SMUGGLED, 431, "headers-too-large")
+
+
+def test_many_tiny_trailers_over_the_limit_are_431(setup):
+    assert_refused(setup, _with_trailers(b"a: b\r\n" * 1000 + b"\r\n") + SMUGGLED, 431, "headers-too-large")
+
+
+def test_trailer_section_under_the_limit_passes(setup):
+    # The control: trailers within the limit reach the pod with their request.
+    count = setup.pod.stats()["count"]
+    data = req(
+        b"Transfer-Encoding: chunked\r\nConnection: close\r\n",
+        b"5\r\nhello\r\n0\r\n" + _headers_of(3800) + b"\r\n",
+    )
+    answer = exchange(setup, data)
+    assert responses(answer)[0][0] == 200, answer[:300]
+    assert setup.pod.stats()["count"] == count + 1
+
+
 class RecordingPod:
     """A pod that never answers: it records every byte each connection brought."""
 
