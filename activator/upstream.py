@@ -10,6 +10,8 @@ Parsing
     ``interim`` callback before the final answer; ``100 Continue`` is ours to give
     (activator answers the client's ``Expect`` itself) and is dropped. Header lines keep
     their order and stay separate. Trailers of a chunked response are kept for the caller.
+    A head (or chunk framing and trailers without data) over ``MAX_POD_FIELD_BYTES`` is
+    refused.
 
 Sending
     The head and the first piece of the body go out in one write. The rest of the body
@@ -87,6 +89,11 @@ __all__ = [
 
 #: Size of one recv from the pod and of one read from the request body.
 BLOCK_SIZE = 65536
+#: The most a pod may send of its response head (1xx heads included), or of chunk
+#: framing and trailers without body data, before its answer is refused: 502
+#: ``upstream-bad-response`` before the head, a cut stream after it. llhttp (httptools)
+#: holds an unfinished header line until it ends; this bounds what one pod costs.
+MAX_POD_FIELD_BYTES = 4 * BLOCK_SIZE
 
 _poll = get_original("select", "poll")  # the real poll, only ever with a zero timeout
 _POLLIN = select.POLLIN
@@ -381,6 +388,7 @@ class PodConnection(deadlines.Watched):
         "_keep_alive",
         "_extra",
         "_head_buffer",
+        "_fed_without_data",
         "_total_deadline",
         "_open",
         "_chunked",
@@ -441,6 +449,7 @@ class PodConnection(deadlines.Watched):
         self._keep_alive = False
         self._extra = False
         self._head_buffer = b""
+        self._fed_without_data = 0  # bytes fed before the head was done, or since body data came
         self._total_deadline: float | None = None
         self._chunked = False
         self._other_coding = False
@@ -640,10 +649,14 @@ class PodConnection(deadlines.Watched):
                 self._parser = None  # it expects the body the head announced: start over next time
                 if buffer:
                     self._extra = True
-            elif len(buffer) > BLOCK_SIZE * 4:
-                raise httptools.HttpParserError("response head too large")
+            elif len(buffer) > MAX_POD_FIELD_BYTES:
+                raise httptools.HttpParserError(f"response head over {MAX_POD_FIELD_BYTES} bytes")
             return
         self._feed(data)
+        if not self.head_done:
+            self._fed_without_data += len(data)
+            if self._fed_without_data > MAX_POD_FIELD_BYTES:
+                raise httptools.HttpParserError(f"response head over {MAX_POD_FIELD_BYTES} bytes")
 
     def _feed(self, data: bytes) -> None:
         parser = self._parser
@@ -707,6 +720,7 @@ class PodConnection(deadlines.Watched):
         self.status = status
         self.reason = reason
         self.head_done = True
+        self._fed_without_data = 0
         self._keep_alive = parser.should_keep_alive()
         if self._chunked:
             framing = BodyFraming.CHUNKED
@@ -778,9 +792,14 @@ class PodConnection(deadlines.Watched):
                     raise self._cut(error) from error
                 self._extra = True  # garbage after a complete body: not reusable
             if pending:
+                self._fed_without_data = 0
                 data = b"".join(pending) if len(pending) > 1 else pending[0]
                 pending.clear()
                 yield data
+            elif not self.complete:
+                self._fed_without_data += len(data)
+                if self._fed_without_data > MAX_POD_FIELD_BYTES:
+                    raise self._cut(ValueError(f"over {MAX_POD_FIELD_BYTES} bytes of chunk framing or trailers"))
 
     def _arm_body_deadline(self) -> None:
         now = time.monotonic()

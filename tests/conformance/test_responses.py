@@ -192,3 +192,27 @@ def test_a_client_hanging_up_mid_response_is_logged_499_client_gone(proxy: Proxy
         message=lambda: f"a 499 client-gone access log line; output:\n{proxy.act.output_tail()}",
     )
     wait_quiet(proxy.act, proxy.pod)
+
+
+def test_a_response_head_that_never_ends_is_502_bad_response_at_once(proxy: Proxy) -> None:
+    # llhttp holds an unfinished header line until it ends: past MAX_POD_FIELD_BYTES
+    # (256 KiB) the pod's answer is refused, not held until response_start_timeout.
+    endless = b"HTTP/1.1 200 OK\r\nX-Endless: " + b"v" * (1024 * 1024)
+    answers = exchange(proxy, b"/endless-head", Script([endless]))
+    assert [(a.status, a.activator_reason) for a in answers] == [(502, "upstream-bad-response")], [
+        a.describe() for a in answers
+    ]
+
+
+def test_trailers_that_never_end_cut_the_stream_at_once(proxy: Proxy) -> None:
+    # After the head is out, the only honest signal left is cutting the connection: the
+    # client never sees the last chunk, and is not kept waiting for the rest.
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nTransfer-Encoding: chunked\r\n\r\n"
+    script = Script([head, b"5\r\nhello\r\n", b"0\r\nX-Endless: " + b"v" * (1024 * 1024)])
+    proxy.pod.set_script(b"/endless-trailer", script)
+    wait_quiet(proxy.act, proxy.pod)
+    with wire(proxy.act) as connection:
+        connection.send(http_request(b"GET /endless-trailer HTTP/1.1", b"TE: trailers"))
+        received = connection.read_to_end()
+    assert received.startswith(b"HTTP/1.1 200 OK\r\n") and b"5\r\nhello\r\n" in received, received[:300]
+    assert not received.endswith(b"\r\n\r\n"), f"the response was finished: {received[-100:]!r}"
