@@ -272,21 +272,13 @@ class H1Exchange:
     # -- the client ---------------------------------------------------------------------
 
     def watch_gone(self, on_gone: Callable[[], None]) -> bool:
-        try:
-            fd = self.conn.sock.fileno()
-        except OSError:
-            return False
-        return fd >= 0 and hangup.monitor().watch(fd, on_gone)
+        return self.conn.watch_gone(on_gone)
 
     def unwatch_gone(self, on_gone: Callable[[], None]) -> None:
-        try:
-            fd = self.conn.sock.fileno()
-        except OSError:
-            return
-        hangup.monitor().unwatch(fd, on_gone)
+        self.conn.unwatch_gone(on_gone)
 
     def client_gone(self) -> bool:
-        return hangup.hung_up(self.conn.sock)
+        return self.conn.client_gone()
 
     @property
     def was_cut(self) -> bool:
@@ -442,6 +434,9 @@ class H1Connection(deadlines.Watched):
         "_at_boundary",
         "_completed_in_feed",
         "_served_one",
+        "_hangup_fd",
+        "_hung_up",
+        "_on_gone",
     )
 
     def __init__(
@@ -490,6 +485,10 @@ class H1Connection(deadlines.Watched):
         self._completed_in_feed = 0
         #: A request of this plain-TCP connection was handed out already (see ``next_exchange``).
         self._served_one = False
+        #: The socket as the hang-up monitor watches it (-1: not watched); see ``watch_gone``.
+        self._hangup_fd = -1
+        self._hung_up = False  # the monitor saw the client hang up
+        self._on_gone: Callable[[], None] | None = None  # the current watch's callback
         sock.settimeout(None)  # timeouts are deadlines (see ``deadlines``)
         deadlines.sweeper().add(self)
 
@@ -815,11 +814,58 @@ class H1Connection(deadlines.Watched):
             self.cut = True
             raise ClientGone(f"writing to the client failed: {error!r}") from None
 
+    # -- the client hanging up ---------------------------------------------------------------
+
+    def watch_gone(self, on_gone: Callable[[], None]) -> bool:
+        """Call ``on_gone()`` (in the hub) when the client hangs up; False if it has already.
+
+        The first watch puts the socket in the hang-up monitor and it stays there until
+        the connection closes: a watch that ends (``unwatch_gone``) costs no syscall, and
+        neither does ``client_gone`` while the socket is watched (the monitor would have
+        called). Does not yield.
+        """
+        if self._hung_up:
+            return False
+        if self._hangup_fd < 0:
+            try:
+                fd = self.sock.fileno()
+            except OSError:
+                return False
+            if fd < 0 or not hangup.monitor().watch(fd, self._client_hung_up):
+                return False
+            self._hangup_fd = fd
+        self._on_gone = on_gone
+        return True
+
+    def unwatch_gone(self, on_gone: Callable[[], None]) -> None:
+        if self._on_gone == on_gone:
+            self._on_gone = None
+
+    def client_gone(self) -> bool:
+        """Whether the client hung up: the monitor's word while it watches the socket,
+        else one ``poll``. Does not yield."""
+        if self._hung_up:
+            return True
+        if self._hangup_fd >= 0:
+            return False
+        return hangup.hung_up(self.sock)
+
+    def _client_hung_up(self) -> None:
+        """The monitor's callback (it ended its watch as it fired)."""
+        self._hung_up = True
+        self._hangup_fd = -1
+        on_gone, self._on_gone = self._on_gone, None
+        if on_gone is not None:
+            on_gone()
+
     def close(self) -> None:
         """Close the socket. When we end a connection the client has not closed (and whose
         answer was complete), linger first, so that the answer is not lost to a reset."""
         sock = self.sock
         deadlines.sweeper().discard(self)
+        if self._hangup_fd >= 0:
+            hangup.monitor().unwatch(self._hangup_fd, self._client_hung_up)
+            self._hangup_fd = -1
         try:
             if not self._eof and not self.cut and not self.timed_out:
                 linger(sock)

@@ -15,11 +15,13 @@ what the client receives:
 - a pod writing head and body in two writes without TCP_NODELAY (like ``http.server``)
   is served correctly, request after request, on a kept-alive client connection (its
   latency is the benchmarks' business, not a test's);
-- a client hanging up mid-response is logged as ``499 client-gone``.
+- a client hanging up mid-response, or while the pod works on its request (sent at once or
+  after a wait for the slot), is logged as ``499 client-gone``.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 
 import pytest
@@ -192,6 +194,39 @@ def test_a_client_hanging_up_mid_response_is_logged_499_client_gone(proxy: Proxy
         message=lambda: f"a 499 client-gone access log line; output:\n{proxy.act.output_tail()}",
     )
     wait_quiet(proxy.act, proxy.pod)
+
+
+SLOW_ANSWER = Script([0.5, b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 4\r\n\r\nslow"])
+
+
+@pytest.mark.parametrize("waited", [False, True], ids=["sent at once", "sent after waiting for the slot"])
+def test_a_client_hanging_up_while_the_pod_works_is_logged_499_client_gone(proxy: Proxy, waited: bool) -> None:
+    # Asked once the pod answers: one poll for a request sent at once; for one that waited
+    # in the queue, the hang-up monitor's word (its socket stays watched after the wait).
+    target = b"/gone-while-working-%s" % (b"waited" if waited else b"at-once")
+    proxy.pod.set_script(target, SLOW_ANSWER)
+    proxy.pod.set_script(b"/holder", SLOW_ANSWER)
+    wait_quiet(proxy.act, proxy.pod)
+    mark = quiet_mark(proxy.act, proxy.pod)
+
+    def at_the_pod(path: bytes) -> bool:
+        return path in [r.target for r in proxy.pod.since(mark).requests]
+
+    with contextlib.ExitStack() as holding:
+        if waited:  # the only slot is taken: the request below waits for it
+            holder = holding.enter_context(wire(proxy.act))
+            holder.send(http_request(b"GET /holder HTTP/1.1"))
+            wait_until(lambda: at_the_pod(b"/holder"), message="the holder at the pod")
+        with wire(proxy.act) as connection:
+            connection.send(http_request(b"GET " + target + b" HTTP/1.1"))
+            wait_until(lambda: at_the_pod(target), timeout=10, message="the request at the pod")
+        if waited:
+            assert holder.read_response().body == b"slow"
+    line = f'"GET {target.decode()}"'
+    wait_until(
+        lambda: any(" 499 client-gone " in entry and line in entry for entry in proxy.act.stdout_text().splitlines()),
+        message=lambda: f"a 499 client-gone access log line for {line}; output:\n{proxy.act.output_tail()}",
+    )
 
 
 def test_a_response_head_that_never_ends_is_502_bad_response_at_once(proxy: Proxy) -> None:
