@@ -219,13 +219,6 @@ def _timeout_error(message: str) -> UpstreamTimeout:
     return UpstreamTimeout(message)
 
 
-def _readable_or_closed(fd: int) -> bool:
-    """Whether the pod sent something (or closed) on ``fd``, without waiting."""
-    poller = _poll()
-    poller.register(fd, _POLL_GONE)
-    return bool(poller.poll(0))
-
-
 class UpstreamPool:
     """Keep-alive connections to one pod (``host:port``); see the module docstring."""
 
@@ -293,7 +286,7 @@ class UpstreamPool:
         idle = self._idle
         while idle:
             conn = idle.pop()
-            if not _readable_or_closed(conn.fd):
+            if not conn.readable_or_closed():
                 return conn
             conn.abort()
         return None
@@ -393,12 +386,16 @@ class PodConnection(deadlines.Watched):
         "_open",
         "_chunked",
         "_other_coding",
+        "_gone_poll",
     )
 
     def __init__(self, pool: UpstreamPool, sock: Any) -> None:
         super().__init__(sock)
         self.pool = pool
         self.fd = sock.fileno()
+        # Asked before each reuse: made once, for the connection's life.
+        self._gone_poll = _poll()
+        self._gone_poll.register(self.fd, _POLL_GONE)
         self._parser: httptools.HttpResponseParser | None = None
         self._open = True
         deadlines.sweeper().add(self)
@@ -453,6 +450,10 @@ class PodConnection(deadlines.Watched):
         self._total_deadline: float | None = None
         self._chunked = False
         self._other_coding = False
+
+    def readable_or_closed(self) -> bool:
+        """Whether the pod sent something (or closed) on this connection. Does not wait."""
+        return bool(self._gone_poll.poll(0))
 
     # -- sending ------------------------------------------------------------------------------
 
@@ -553,7 +554,7 @@ class PodConnection(deadlines.Watched):
 
     def _pod_spoke(self) -> bool:
         """Read what the pod sent while the body streams; True once a final head is in."""
-        if not _readable_or_closed(self.fd):
+        if not self.readable_or_closed():
             return False
         self.deadline = self._head_deadline()
         try:
