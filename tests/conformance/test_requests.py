@@ -625,43 +625,37 @@ def test_a_body_shorter_than_its_content_length_then_fin_never_completes_at_the_
     assert proxy.pod.since(mark).requests == (), "the pod got a complete request from a cut-off body"
 
 
-def test_a_chunked_body_growing_past_max_body_bytes_is_413_and_never_completes_at_the_pod(proxy: Proxy) -> None:
+def assert_refused_mid_upload(proxy: Proxy, head: bytes, rest: bytes, status: int, reason: str) -> None:
+    """Send ``head``, then ``rest`` in 64 KiB pieces and a pipelined ``/SMUGGLED``: the
+    answer is ``status`` / ``reason`` with ``Connection: close``, the connection is closed,
+    and the pod never gets a complete request nor the smuggled one."""
     piece = 64 * 1024
-    body = chunked(b"c" * (MAX_BODY_BYTES + 4 * piece), piece)
     mark = quiet_mark(proxy.act, proxy.pod)
     with wire(proxy.act) as connection:
-        connection.send(post(b"/too-large", b"Transfer-Encoding: chunked"))
-        uploader = Uploader(connection, [body[i : i + piece] for i in range(0, len(body), piece)] + [SMUGGLED])
+        connection.send(head)
+        uploader = Uploader(connection, [rest[i : i + piece] for i in range(0, len(rest), piece)] + [SMUGGLED])
         answer = connection.read_response()
-        assert (answer.status, answer.activator_reason) == (413, "body-too-large"), answer.describe()
+        assert (answer.status, answer.activator_reason) == (status, reason), answer.describe()
         assert answer.says_close, answer.describe()
-        assert connection.closed_by_peer(), "connection kept open after the 413"
+        assert connection.closed_by_peer(), f"connection kept open after the {status}"
         uploader.join()
     wait_quiet(proxy.act, proxy.pod)
     since = proxy.pod.since(mark)
-    assert since.requests == (), "the pod got the whole over-limit body"
+    assert since.requests == (), "the pod got a complete request"
     assert b"/SMUGGLED" not in since.raw
+
+
+def test_a_chunked_body_growing_past_max_body_bytes_is_413_and_never_completes_at_the_pod(proxy: Proxy) -> None:
+    body = chunked(b"c" * (MAX_BODY_BYTES + 4 * 64 * 1024), 64 * 1024)
+    assert_refused_mid_upload(proxy, post(b"/too-large", b"Transfer-Encoding: chunked"), body, 413, "body-too-large")
 
 
 def test_a_trailer_line_that_never_ends_is_400_at_once_and_never_completes_at_the_pod(proxy: Proxy) -> None:
     # llhttp delivers a field only once its line ends; until then httptools holds it. Past
     # max_header_bytes and one recv more with no body data, the request is refused (not at
     # client_timeout, with all of it held in memory until then).
-    piece = 64 * 1024
-    endless = b"X-Endless: " + b"v" * (8 * piece)
-    mark = quiet_mark(proxy.act, proxy.pod)
-    with wire(proxy.act) as connection:
-        connection.send(post(b"/endless-trailer", b"Transfer-Encoding: chunked") + b"5\r\nhello\r\n0\r\n")
-        uploader = Uploader(connection, [endless[i : i + piece] for i in range(0, len(endless), piece)] + [SMUGGLED])
-        answer = connection.read_response()
-        assert (answer.status, answer.activator_reason) == (400, "client-body"), answer.describe()
-        assert answer.says_close, answer.describe()
-        assert connection.closed_by_peer(), "connection kept open after the 400"
-        uploader.join()
-    wait_quiet(proxy.act, proxy.pod)
-    since = proxy.pod.since(mark)
-    assert since.requests == (), "the pod got a complete request"
-    assert b"/SMUGGLED" not in since.raw
+    head = post(b"/endless-trailer", b"Transfer-Encoding: chunked") + b"5\r\nhello\r\n0\r\n"
+    assert_refused_mid_upload(proxy, head, b"X-Endless: " + b"v" * (8 * 64 * 1024), 400, "client-body")
 
 
 def test_zz_after_the_table_the_pod_never_saw_a_smuggled_request_nor_two_at_once(proxy: Proxy) -> None:
