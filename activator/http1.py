@@ -733,11 +733,11 @@ class H1Connection(deadlines.Watched):
             self._stopped = True  # llhttp is in an error state: nothing more is parsed
             self._parse_failed(error)
             return
+        data_came, self._data_in_feed = self._data_in_feed, False
         current = self._current
         if current is None:
             return
-        if self._data_in_feed:
-            self._data_in_feed = False
+        if data_came:
             self._fed_without_data = 0
             return
         self._fed_without_data += len(data)
