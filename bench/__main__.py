@@ -1,11 +1,13 @@
-"""``python -m bench [--quick] [--only SCENARIO ...] [--baseline COMMIT]``: run the benchmarks, write the results.
+"""``python -m bench [--quick] [--only SCENARIO ...] [--baseline COMMIT] [--compiled]``: run the benchmarks.
 
 Full mode writes ``bench/RESULTS.md`` (the recorded results); ``--quick`` (CI: keeps the
 suite working, asserts no timing) uses short runs and writes
 ``bench/out/RESULTS-quick.md`` so it never overwrites the recorded results. ``--only``
 runs some scenarios and writes ``bench/out/RESULTS-<names>.md`` unless ``--out`` says
 otherwise. ``--baseline`` is the commit the previous engine is run from (a git worktree
-the bench makes under its work directory and removes at the end). Exit code 1 if a
+the bench makes under its work directory and removes at the end); ``--compiled`` adds, in
+the engine scenario, this tree with its request path compiled by mypyc (``common.Compiled``,
+an experiment: it does not ship). Exit code 1 if a
 scenario crashed, else 0 (targets missed are not failures).
 """
 
@@ -48,6 +50,11 @@ def main(argv: list[str] | None = None) -> int:
         metavar="COMMIT",
         help=f"the previous engine's commit (default {c.BASELINE_COMMIT}: the one before the engine work)",
     )
+    ap.add_argument(
+        "--compiled",
+        action="store_true",
+        help="the engine scenario also runs this tree with its hot modules compiled by mypyc (an experiment)",
+    )
     ap.add_argument("--no-install", action="store_true", help="do not apt-get install missing tools")
     ap.add_argument(
         "--no-rt",
@@ -86,7 +93,8 @@ def main(argv: list[str] | None = None) -> int:
             pass
     tools, notes = c.find_tools(install=not args.no_install)
     baseline = c.Baseline(args.baseline, work / "baseline-src")
-    ctx = c.Ctx(quick=args.quick, work=work, tools=tools, baseline=baseline)
+    compiled = c.Compiled(work / "compiled-src") if args.compiled else None
+    ctx = c.Ctx(quick=args.quick, work=work, tools=tools, baseline=baseline, compiled=compiled)
     ctx.rt = not args.no_rt and c.rt_available()
     if not ctx.rt:
         ctx.note("no real-time priority (chrt): latency runs share the CPUs with whatever else runs")
@@ -129,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
             out_path.write_text(render(ctx, sections, command, started, profile_md))
     finally:
         baseline.remove()
+        if compiled is not None:
+            compiled.remove()
     c.log(f"wrote {out_path} in {time.time() - started:.0f}s")
     return 1 if failed else 0
 

@@ -59,6 +59,7 @@ class Ctx:
     pinning: bool = True
     rt: bool = False  # real-time priority available for the latency measurements
     baseline: Baseline | None = None  # the previous engine, when the run has one
+    compiled: Compiled | None = None  # this tree compiled with mypyc (``--compiled``)
 
     def dur(self, full: float, quick: float) -> float:
         return quick if self.quick else full
@@ -344,30 +345,77 @@ def _git(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True, check=False, timeout=120)
 
 
-class Baseline:
-    """activator at an earlier commit (the previous engine), run from a git worktree of this repository.
-
-    Its dependencies are the venv's (the old engine's geventhttpclient included). It runs
-    as ``python -m activator`` with the worktree as its working directory (``-m`` puts the
+class ExtraBuild:
+    """An activator other than this tree's, made in ``path`` on first use (``_make``) and
+    run as ``python -m activator`` with ``path`` as its working directory (``-m`` puts the
     working directory first on sys.path) and on ``PYTHONPATH`` (ahead of the venv's
-    editable install of this tree); that the worktree's package is the one imported is
-    checked before it is used."""
+    editable install of this tree); its dependencies are the venv's. When it cannot be
+    made or does not start, its rows are left out (with a run note) and it is not tried again."""
 
-    def __init__(self, commit: str, path: Path) -> None:
-        self.commit = commit
+    what = "an extra build"
+
+    def __init__(self, path: Path) -> None:
         self.path = path
         self.build: Build | None = None
         self.failure: str | None = None  # why it could not be had; then it is not tried again
 
     def get(self, ctx: Ctx) -> Build | None:
-        """The build, the worktree made on the first call; None (and a run note) when it cannot be had."""
+        """The build, made on the first call; None (and a run note) when it cannot be had."""
         if self.build is None and self.failure is None:
             try:
                 self.build = self._make()
             except (OSError, RuntimeError, subprocess.TimeoutExpired) as exc:
                 self.failure = str(exc)
-                ctx.note(f"previous engine ({self.commit}) not available, its rows are left out: {exc}")
+                ctx.note(f"{self.what} not available, its rows are left out: {exc}")
         return self.build
+
+    def _make(self) -> Build:
+        raise NotImplementedError
+
+    def _imported_from_path(self, build: Build, module: str) -> Path:
+        """Where ``module`` is imported from under ``build``; raises unless it is inside ``path``."""
+        probe = subprocess.run(
+            [PYTHON, "-c", f"import {module} as m; print(m.__file__)"],
+            cwd=str(self.path),
+            env=dict(os.environ, **build.env),
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=60,
+        )
+        imported = Path(probe.stdout.strip() or "?").resolve()
+        if self.path.resolve() not in imported.parents:
+            raise RuntimeError(f"{module} is not imported from {self.path} ({imported}): {probe.stderr[-300:]}")
+        return imported
+
+    def start(self, procs: Procs, name: str, services: dict[str, dict[str, Any]], **options: Any) -> Activator | None:
+        """This build with this config, once ready (``start_activator``'s options); None and a run
+        note when it cannot be had or does not start (e.g. a dependency of an old engine missing
+        from the venv): its rows are then left out and the scenario goes on."""
+        build = self.get(procs.ctx)
+        if build is None:
+            return None
+        try:
+            return start_activator(procs, name, services, build=build, **options)
+        except harness.HarnessError as exc:  # it exited, or was not ready in time (and was killed)
+            stderr = procs.dir / name / "stderr.log"
+            lines = stderr.read_text(errors="replace").strip().splitlines() if stderr.exists() else []
+            self.build, self.failure = None, f"{str(exc).splitlines()[0]}: {lines[-1] if lines else 'no output'}"
+            procs.ctx.note(f"{build.label} did not start, its rows are left out: {self.failure}")
+            return None
+
+    def remove(self) -> None:
+        shutil.rmtree(self.path, ignore_errors=True)
+
+
+class Baseline(ExtraBuild):
+    """activator at an earlier commit (the previous engine), from a git worktree of this repository
+    (the old engine's geventhttpclient comes from the venv)."""
+
+    def __init__(self, commit: str, path: Path) -> None:
+        super().__init__(path)
+        self.commit = commit
+        self.what = f"previous engine ({commit})"
 
     def _make(self) -> Build:
         sha = _git("rev-parse", "--verify", "--short", f"{self.commit}^{{commit}}")
@@ -385,41 +433,72 @@ class Baseline:
             {"PYTHONPATH": str(self.path)},
             self.path,
         )
-        probe = subprocess.run(
-            [PYTHON, "-c", "import activator; print(activator.__file__)"],
-            cwd=str(self.path),
-            env=dict(os.environ, **build.env),
-            capture_output=True,
-            text=True,
-            check=False,
-            timeout=60,
-        )
-        imported = Path(probe.stdout.strip() or "?").resolve()
-        if self.path.resolve() not in imported.parents:
-            raise RuntimeError(f"the worktree's activator is not the one imported ({imported}): {probe.stderr[-300:]}")
+        self._imported_from_path(build, "activator")
         log(f"previous engine: {build.label} from {self.path.relative_to(ROOT)}")
         return build
-
-    def start(self, procs: Procs, name: str, services: dict[str, dict[str, Any]], **options: Any) -> Activator | None:
-        """The previous engine with this config, once ready (``start_activator``'s options); None and a run
-        note when it cannot be had or does not start (e.g. a dependency of the old engine missing from the
-        venv): its rows are then left out and the scenario goes on, and it is not tried again."""
-        build = self.get(procs.ctx)
-        if build is None:
-            return None
-        try:
-            return start_activator(procs, name, services, build=build, **options)
-        except harness.HarnessError as exc:  # it exited, or was not ready in time (and was killed)
-            stderr = procs.dir / name / "stderr.log"
-            lines = stderr.read_text(errors="replace").strip().splitlines() if stderr.exists() else []
-            self.build, self.failure = None, f"{str(exc).splitlines()[0]}: {lines[-1] if lines else 'no output'}"
-            procs.ctx.note(f"{build.label} did not start, its rows are left out: {self.failure}")
-            return None
 
     def remove(self) -> None:
         if self.path.exists():
             _git("worktree", "remove", "--force", str(self.path))
-            shutil.rmtree(self.path, ignore_errors=True)
+        super().remove()
+
+
+#: What ``--compiled`` compiles: the modules every proxied HTTP/1.1 request runs through.
+#: Not the core's throttler (mypyc cannot compile its exception subclassing AssertionError).
+COMPILED_MODULES = (
+    "activator/deadlines.py",
+    "activator/hangup.py",
+    "activator/http1.py",
+    "activator/upstream.py",
+    "activator/engine.py",
+    "activator/proxy.py",
+    "activator/gate.py",
+    "activator/core/http.py",
+    "activator/core/lb.py",
+)
+
+
+class Compiled(ExtraBuild):
+    """This tree's activator with ``COMPILED_MODULES`` compiled ahead of time by mypyc (the
+    venv's, from the lint tools): a copy of ``activator/`` made under ``path``, so the tree
+    itself never holds compiled modules that would shadow its sources.
+
+    An experiment, not what ships: mypyc trusts mypy's narrowing of an attribute even where
+    llhttp's callbacks change the attribute inside ``feed_data``, so this build fails every
+    refused request (a TypeError in ``H1Connection.next_exchange``); the benchmarks send
+    only valid ones. One line is changed in the copy: mypyc evaluates the ``= ...`` default
+    of ``BodySource.read`` (a Protocol) as a real default."""
+
+    what = "the mypyc-compiled build (--compiled)"
+
+    def _make(self) -> Build:
+        super().remove()
+        shutil.copytree(ROOT / "activator", self.path / "activator", ignore=shutil.ignore_patterns("__pycache__"))
+        shutil.copy2(ROOT / "pyproject.toml", self.path / "pyproject.toml")  # mypy's settings
+        upstream = self.path / "activator" / "upstream.py"
+        protocol_default = "def read(self, size: int = ...) -> bytes: ..."
+        text = upstream.read_text()
+        if protocol_default not in text:
+            raise RuntimeError(f"{protocol_default!r} not found in activator/upstream.py")
+        upstream.write_text(text.replace(protocol_default, protocol_default.replace("= ...", "= -1")))
+        t0 = time.monotonic()
+        compiled = subprocess.run(
+            [PYTHON, "-m", "mypyc", *COMPILED_MODULES],
+            cwd=str(self.path),
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=900,
+        )
+        if compiled.returncode != 0:
+            raise RuntimeError(f"mypyc failed: {(compiled.stdout + compiled.stderr)[-500:]}")
+        env = {"PYTHONPATH": str(self.path)}
+        build = Build("activator (this tree, mypyc-compiled)", [PYTHON, "-m", "activator"], env, self.path)
+        imported = self._imported_from_path(build, "activator.http1")
+        if not imported.name.endswith(".so"):
+            raise RuntimeError(f"activator.http1 is not the compiled module ({imported})")
+        log(f"compiled {len(COMPILED_MODULES)} modules with mypyc in {time.monotonic() - t0:.0f}s")
+        return build
 
 
 # ---------------------------------------------------------------------------------------

@@ -6,8 +6,9 @@ reports medians over rounds; the targets are ratios against what the same run me
 (a) Saturation on one core: ``wrk -t1 -c50``, the proxy pinned to cpu1, nginx behind it:
     direct nginx, HAProxy, the minimal forwarder (``bench/forwarder.py``, the new ceiling),
     activator (this tree) and the previous engine (activator at ``--baseline``, from a git
-    worktree). (b) CPU per proxied request, from the same runs: user + system CPU time of
-    the proxy process over the wrk run, divided by the requests served.
+    worktree); with ``--compiled`` also this tree with its request path compiled by mypyc.
+(b) CPU per proxied request, from the same runs: user + system CPU time of the proxy
+    process over the wrk run, divided by the requests served.
 (c) Added latency at 1,000 req/s, open loop, latency from the scheduled send time;
     added = target - direct nginx, per round, then the median over rounds. Two shapes:
     one steady keep-alive connection (one request at a time), and bursts of 10
@@ -66,27 +67,37 @@ def run(ctx: c.Ctx) -> Section:
         prev = ctx.baseline.start(procs, "activator-previous", service) if ctx.baseline else None
         if prev:
             proxies.append((prev.label, prev.port, prev.process))
+        compiled = ctx.compiled.start(procs, "activator-compiled", service) if ctx.compiled else None
+        if compiled:
+            proxies.append((compiled.label, compiled.port, compiled.process))
         refs: list[Endpoint] = [(DIRECT, nginx, nginx_proc)]
         if ctx.tools.get("haproxy"):
             hap = c.start_haproxy(
                 procs, "haproxy", [("nginx", f"127.0.0.1:{nginx}")], maxconn=100, balance="roundrobin"
             )
             refs.append((HAPROXY, hap.port, hap.proc))
-        sec.intro = _intro(act.label, prev.label if prev else None)
+        sec.intro = _intro(act.label, prev.label if prev else None, compiled.label if compiled else None)
         _saturation(ctx, procs, sec, refs + proxies, act.label, prev.label if prev else None)
         _latency(ctx, sec, refs[0], proxies, act.label)
         _slot_held(ctx, procs, sec, act.label)
     return sec
 
 
-def _intro(this: str, previous: str | None) -> str:
+def _intro(this: str, previous: str | None, compiled: str | None) -> str:
     return (
         "Backend: nginx-light as in the overhead section. The minimal forwarder: `bench/forwarder.py`, the same "
         "stack as the new engine with nothing else (gevent `StreamServer` on a TCP_NODELAY listener, httptools' "
         "`HttpRequestParser` / `HttpResponseParser`, a WSGI environ handed to a `falcon.App` with one sink, a "
         "keep-alive pool of pod connections; no throttling, no limits, buffered bodies). "
         f"{this}: `python -m activator` from this working tree (or `$ACTIVATOR_BIN`, see Machine)"
-        + (f"; {previous}: the same from a git worktree of that commit." if previous else ".")
+        + (f"; {previous}: the same from a git worktree of that commit" if previous else "")
+        + (
+            f"; {compiled} (`--compiled`, an experiment that does not ship: it fails refused requests, see "
+            "`bench/common.py` `Compiled`): a copy of this tree with the modules of the request path compiled by mypyc"
+            if compiled
+            else ""
+        )
+        + "."
         + " activator: `container_concurrency: 100`, one pod, `access_log: false`, no StatsD; HAProxy: `nbthread 1`, "
         "`server ... maxconn 100`, `http-reuse always`. "
         "(c) shapes: one steady connection = one keep-alive connection, one request at a time, the next one "
@@ -279,6 +290,9 @@ def _slot_held(ctx: c.Ctx, procs: c.Procs, sec: Section, this: str) -> None:
     prev = ctx.baseline.start(procs, "activator-previous-cc1", service) if ctx.baseline else None
     if prev:
         targets.append((prev.label, prev.port, SLOT_CLIENTS, prev.process))
+    compiled = ctx.compiled.start(procs, "activator-compiled-cc1", service) if ctx.compiled else None
+    if compiled:
+        targets.append((compiled.label, compiled.port, SLOT_CLIENTS, compiled.process))
     if ctx.tools.get("haproxy"):
         hap = c.start_haproxy(procs, "haproxy-cc1", [("pod", addr)], maxconn=1, balance="first")
         targets.append((HAPROXY, hap.port, SLOT_CLIENTS, hap.proc))

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .common import ROOT, Ctx, fmt, ncpu, pin_text, tool_versions
+from .common import COMPILED_MODULES, ROOT, Ctx, fmt, ncpu, pin_text, tool_versions
 
 
 @dataclass
@@ -114,6 +114,16 @@ def previous_engine(ctx: Ctx) -> str:
     return f"`{baseline.commit}` not available ({baseline.failure or 'not used by the scenarios run'})"
 
 
+def compiled_build(ctx: Ctx) -> str:
+    compiled = ctx.compiled
+    if compiled is None:
+        return "not measured in this run (`--compiled`)"
+    if compiled.build is not None:
+        modules = ", ".join(f"`{m.removeprefix('activator/')}`" for m in COMPILED_MODULES)
+        return f"{compiled.build.label}: a copy of `activator/` with {modules} compiled by mypyc (`--compiled`)"
+    return f"not available ({compiled.failure or 'not used by the scenarios run'})"
+
+
 def machine_lines(ctx: Ctx) -> list[str]:
     import falcon
     import gevent
@@ -135,6 +145,7 @@ def machine_lines(ctx: Ctx) -> list[str]:
         f"- wrk: `{versions.get('wrk', 'not available (Python closed-loop generator used instead)')}`",
         f"- activator: `{os.environ.get('ACTIVATOR_BIN') or 'python -m activator'}` at commit {git_rev()}",
         f"- previous engine: {previous_engine(ctx)}",
+        f"- compiled build: {compiled_build(ctx)}",
         f"- pinning: {pin_text(ctx)}",
     ]
 
