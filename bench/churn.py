@@ -98,7 +98,7 @@ def _drive(
 
 def run(ctx: c.Ctx) -> Section:
     sec = Section("churn", "Churn: one pod drained and one added every second, under load")
-    seconds = ctx.dur(20, 5)
+    seconds = ctx.dur(20, 3)
     sec.intro = (
         f"{RING} pods (`/delay?ms={SERVICE_MS}`), `container_concurrency: 1` / `maxconn 1`, {LISTED} listed "
         f"at a time; every second the oldest listed pod is removed and the next one of the ring added "

@@ -119,7 +119,7 @@ def _intro(this: str, previous: str | None, compiled: str | None) -> str:
 def _saturation(
     ctx: c.Ctx, procs: c.Procs, sec: Section, targets: list[Endpoint], this: str, previous: str | None
 ) -> None:
-    seconds, rounds = ctx.dur(10, 2), ctx.n(3, 1)
+    seconds, rounds = ctx.dur(10, 1), ctx.n(3, 1)
     results = c.saturate(ctx, procs, targets, seconds, rounds, "engine (a)")
 
     def med(name: str | None, attr: str) -> float:
@@ -197,7 +197,7 @@ def _saturation(
 
 
 def _latency(ctx: c.Ctx, sec: Section, direct: Endpoint, proxies: list[Endpoint], this: str) -> None:
-    seconds, warmup, rounds = ctx.dur(10, 2), ctx.dur(2, 0.5), ctx.n(3, 1)
+    seconds, warmup, rounds = ctx.dur(10, 1), ctx.dur(2, 0.5), ctx.n(3, 1)
     label = "isolated (SCHED_RR)" if ctx.rt else "normal priority"
     targets = [direct, *proxies]
     runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
@@ -279,7 +279,7 @@ def _latency(ctx: c.Ctx, sec: Section, direct: Endpoint, proxies: list[Endpoint]
 
 
 def _slot_held(ctx: c.Ctx, procs: c.Procs, sec: Section, this: str) -> None:
-    seconds, rounds = ctx.dur(5, 1.5), ctx.n(3, 1)
+    seconds, rounds = ctx.dur(5, 1), ctx.n(3, 1)
     pod_proc, pod = c.start_twowrite_pod(procs, "slot-pod", one_write=True, nodelay=True)
     addr = f"127.0.0.1:{pod}"
     service = {"slot": {"hosts": ["*"], "cc": 1, "queue_depth": 1000, "pods": [addr]}}

@@ -69,7 +69,7 @@ HANDOVER_MS = 20
 
 
 def _queue(ctx: c.Ctx, sec: Section) -> None:
-    count = ctx.n(2000, 300)
+    count = ctx.n(2000, 150)
     rounds = ctx.n(2, 1)
     results: dict[tuple[str, float], list[dict[str, Any]]] = {}
     syslog = Syslog()

@@ -49,7 +49,7 @@ def _open_loop_table(
 ) -> dict[str, tuple[float, float]]:
     """(a) for one variant (isolated or not): the 1,000 req/s rounds, their table; the
     latency each proxy adds over direct (p50, p99)."""
-    seconds, warmup = ctx.dur(10, 2), ctx.dur(2, 0.5)
+    seconds, warmup = ctx.dur(10, 1), ctx.dur(2, 0.5)
     rounds = ctx.n(3, 1)
     runs: dict[str, list[dict[str, Any]]] = {}
     with c.realtime(ctx, path_pids if rt else []):
@@ -166,7 +166,7 @@ def run(ctx: c.Ctx) -> Section:
             )
 
         # (b) saturation
-        secs_b = ctx.dur(10, 2)
+        secs_b = ctx.dur(10, 1)
         rounds_b = ctx.n(3, 1)
         targets_b: list[tuple[str, int, harness.Process]] = [("direct nginx", nginx, nginx_proc)]
         if hap:

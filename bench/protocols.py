@@ -410,7 +410,7 @@ def _grpc_saturation(
     control: int,
     body: Path,
 ) -> None:
-    seconds, rounds = ctx.dur(5, 2), ctx.n(3, 1)
+    seconds, rounds = ctx.dur(5, 1), ctx.n(3, 1)
     args = _grpc_h2load_args(body)
     load = ["-c", str(GRPC_CONNS), "-m", str(GRPC_STREAMS)]
     if not ctx.quick:  # warm-up: connections open, code paths hot
@@ -498,7 +498,7 @@ def _grpc_saturation(
 
 
 def _grpc_latency(ctx: c.Ctx, sec: Section, targets: list[Endpoint]) -> None:
-    seconds, warmup, rounds = ctx.dur(5, 2), ctx.dur(1, 0.5), ctx.n(3, 1)
+    seconds, warmup, rounds = ctx.dur(5, 1), ctx.dur(1, 0.5), ctx.n(3, 1)
     runs: dict[str, list[dict[str, Any]]] = {}
     with c.realtime(ctx, [proc.pid for _, _, proc in targets]):
         for r in range(rounds):
@@ -575,7 +575,7 @@ def _grpc_latency(ctx: c.Ctx, sec: Section, targets: list[Endpoint]) -> None:
 
 
 def _websocket(ctx: c.Ctx, sec: Section, targets: list[Endpoint]) -> None:
-    messages, rounds = ctx.n(1500, 600), ctx.n(3, 1)
+    messages, rounds = ctx.n(1500, 300), ctx.n(3, 1)
     runs: dict[str, list[list[float]]] = {}
     with c.realtime(ctx, [proc.pid for _, _, proc in targets]):
         for r in range(rounds):
@@ -691,7 +691,7 @@ H2_LOADS = {"h2load -c50 -m1": ["-c", "50", "-m", "1"], "h2load -c50 -m10": ["-c
 
 
 def _h2c_vs_h1(ctx: c.Ctx, procs: c.Procs, sec: Section, have_haproxy: bool) -> None:
-    seconds, rounds = ctx.dur(5, 2), ctx.n(3, 1)
+    seconds, rounds = ctx.dur(5, 1), ctx.n(3, 1)
     if ctx.tools.get("nginx") is None:
         sec.notes.append("(d) left out: nginx not available")
         return

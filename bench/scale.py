@@ -248,7 +248,7 @@ def _reload_test(ctx: c.Ctx, procs: c.Procs, nginx: int, npods: int, sec: Sectio
 
 
 def _cost_test(ctx: c.Ctx, procs: c.Procs, nginx: int, npods: int, sec: Section) -> None:
-    secs = ctx.dur(10, 2)
+    secs = ctx.dur(10, 1)
     rounds = ctx.n(2, 1)
     results: dict[tuple[str, int], list[c.WrkResult]] = {}
     for n in (10, npods):

@@ -192,7 +192,7 @@ def run(ctx: c.Ctx) -> Section:
 
 def _measure(ctx: c.Ctx, sec: Section, kind: PodKind, syslog: Syslog) -> None:
     """One pod kind: the one-client times, the slot times with every slot busy, the queue-wait runs."""
-    count, rounds = ctx.n(3000, 300), ctx.n(3, 1)
+    count, rounds = ctx.n(3000, 150), ctx.n(3, 1)
     results: dict[tuple[str, float], list[dict[str, Any]]] = {}
     with c.Procs(ctx, f"scheduling-{kind.key}") as procs:
         pods = [kind.start(procs, f"pod{i}")[1] for i in range(PODS)]

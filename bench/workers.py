@@ -14,7 +14,7 @@ from .report import Section, Table
 
 def run(ctx: c.Ctx) -> Section:
     sec = Section("workers", "Workers: one process vs two (SO_REUSEPORT), unpinned")
-    secs = ctx.dur(10, 2)
+    secs = ctx.dur(10, 1)
     rounds = ctx.n(3, 1)
     sec.intro = (
         f"activator `workers: 1` vs `workers: 2`, `container_concurrency: 200`, one nginx pod; wrk -t2 -c100, "
