@@ -474,8 +474,23 @@ class StatsdMetrics:
             return True
         if self._stopped:
             return False
+        resolved = self._resolved_address()
+        if resolved is None or self._stopped:  # (or it was stopped while resolving)
+            return False
+        family, sockaddr = resolved
         try:
-            family, sockaddr = _resolve(self.config.address)
+            self._sender = (TaggedSender if self.config.tags else PlainSender)(family, sockaddr)
+        except Exception:
+            self._send_failed()
+            return False
+        if self._warned_resolve:
+            log.info("statsd: %s resolved, sending metrics", self.config.address)
+        return True
+
+    def _resolved_address(self) -> tuple[int, tuple[Any, ...]] | None:
+        """The address resolved (yields), or None, with one warning until it resolves again."""
+        try:
+            return _resolve(self.config.address)
         except OSError as error:
             if not self._warned_resolve:
                 self._warned_resolve = True
@@ -485,17 +500,7 @@ class StatsdMetrics:
                     error,
                     self.interval,
                 )
-            return False
-        if self._stopped:  # stopped while resolving
-            return False
-        try:
-            self._sender = (TaggedSender if self.config.tags else PlainSender)(family, sockaddr)
-        except Exception:
-            self._send_failed()
-            return False
-        if self._warned_resolve:
-            log.info("statsd: %s resolved, sending metrics", self.config.address)
-        return True
+            return None
 
     def flush(self) -> None:
         """Send every gauge, the failure counters' increase and the pending event

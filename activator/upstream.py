@@ -784,14 +784,7 @@ class PodConnection(deadlines.Watched):
                     self.complete = True
                     return
                 raise self._cut(EOFError("the pod closed the connection before the body ended"))
-            parser = self._parser
-            assert parser is not None
-            try:
-                parser.feed_data(data)
-            except httptools.HttpParserError as error:
-                if not self.complete:
-                    raise self._cut(error) from error
-                self._extra = True  # garbage after a complete body: not reusable
+            self._feed_body(data)
             if pending:
                 self._fed_without_data = 0
                 data = b"".join(pending) if len(pending) > 1 else pending[0]
@@ -801,6 +794,17 @@ class PodConnection(deadlines.Watched):
                 self._fed_without_data += len(data)
                 if self._fed_without_data > MAX_POD_FIELD_BYTES:
                     raise self._cut(ValueError(f"over {MAX_POD_FIELD_BYTES} bytes of chunk framing or trailers"))
+
+    def _feed_body(self, data: bytes) -> None:
+        """Feed body bytes to the parser (its callbacks fill ``_pending``, set ``complete``)."""
+        parser = self._parser
+        assert parser is not None
+        try:
+            parser.feed_data(data)
+        except httptools.HttpParserError as error:
+            if not self.complete:
+                raise self._cut(error) from error
+            self._extra = True  # garbage after a complete body: not reusable
 
     def _arm_body_deadline(self) -> None:
         now = time.monotonic()

@@ -120,11 +120,10 @@ class Supervisor:
         while True:
             assert worker.process is not None
             code = worker.process.wait()
-            if self.stopping:
-                return
-            log.error("worker %d exited with %s; restarting it", worker.index, code)
-            gevent.sleep(RESTART_DELAY)
-            if self.stopping:
+            if not self.stopping:
+                log.error("worker %d exited with %s; restarting it", worker.index, code)
+                gevent.sleep(RESTART_DELAY)
+            if self.stopping:  # before the exit, or during the delay
                 return
             self._start(worker)
 

@@ -372,9 +372,17 @@ def test_max_idle_and_close(backend: WsgiBackend) -> None:
         "chunked-trailing-garbage",
     ],
 )
-def test_reuse_rules(raw: RawFactory, response: bytes, reusable: bool) -> None:
-    """A complete answer is the answer whatever follows it; what follows decides only the reuse."""
-    pod, pool = raw(answer_every_request(response))
+@pytest.mark.parametrize("writes", ["one-write", "head-then-body"])
+def test_reuse_rules(raw: RawFactory, response: bytes, reusable: bool, writes: str) -> None:
+    """A complete answer is the answer whatever follows it; what follows decides only the reuse.
+    ``head-then-body``: the body and what follows come after the head, in the body's reads."""
+    cuts = [] if writes == "one-write" else [response.index(b"\r\n\r\n") + 4]
+
+    def handler(conn: gsocket.socket, index: int) -> None:
+        for _ in RequestReader(conn).requests():
+            send_in_pieces(conn, response, cuts)
+
+    pod, pool = raw(handler)
     try:
         answer, data = fetch(pool)
     except UpstreamBadResponse as error:
