@@ -650,14 +650,16 @@ class PodConnection(deadlines.Watched):
                 self._parser = None  # it expects the body the head announced: start over next time
                 if buffer:
                     self._extra = True
-            elif len(buffer) > MAX_POD_FIELD_BYTES:
-                raise httptools.HttpParserError(f"response head over {MAX_POD_FIELD_BYTES} bytes")
-            return
-        self._feed(data)
-        if not self.head_done:
+                return
+            waiting = len(buffer)
+        else:
+            self._feed(data)
+            if self.head_done:
+                return
             self._fed_without_data += len(data)
-            if self._fed_without_data > MAX_POD_FIELD_BYTES:
-                raise httptools.HttpParserError(f"response head over {MAX_POD_FIELD_BYTES} bytes")
+            waiting = self._fed_without_data
+        if waiting > MAX_POD_FIELD_BYTES:
+            raise httptools.HttpParserError(f"response head over {MAX_POD_FIELD_BYTES} bytes")
 
     def _feed(self, data: bytes) -> None:
         parser = self._parser

@@ -55,6 +55,7 @@ from activator.core.failures import CONNECT_RETRIES, FailureKind, may_retry_else
 from activator.core.http import BodyFraming, Header
 from activator.upstream import (
     BLOCK_SIZE,
+    MAX_POD_FIELD_BYTES,
     InterimCallback,
     PodConnection,
     Timeouts,
@@ -938,6 +939,16 @@ def test_pod_that_does_not_read_the_upload_times_out(raw: RawFactory) -> None:
             send(pool, "PUT", b"/", BufferedBody(LARGE), length=len(LARGE), timeouts=Timeouts(2.0, 0.3))
     finally:
         stop.set()
+
+
+@pytest.mark.parametrize("method", ["GET", "HEAD"])
+def test_a_response_head_that_never_ends_is_a_bad_response_at_once(raw: RawFactory, method: str) -> None:
+    """Past MAX_POD_FIELD_BYTES of head (llhttp holds an unfinished line; a HEAD answer's
+    head is buffered whole) the answer is refused, not read on until the head deadline."""
+    endless = b"HTTP/1.1 200 OK\r\nX-Endless: " + b"v" * (MAX_POD_FIELD_BYTES + BLOCK_SIZE)
+    _, pool = raw(answer_every_request(endless))
+    with pytest.raises(UpstreamBadResponse, match="response head over"):
+        send(pool, method)
 
 
 def test_garbage_response_is_a_bad_response(raw: RawFactory) -> None:
