@@ -432,11 +432,12 @@ def check_outcomes(load: Load, to_victim: set[tuple[str, str]]) -> list[Outcome]
 
     A request is *failable* when its survivor forwarded its service to the victim before
     the kill (``to_victim``). Not failable: 200, always. Failable: 200 if answered before
-    the kill; anything while in flight at the kill (these are returned); sent after the
-    kill (before or after the survivors saw the victim down: a forward that finds its
-    port closed marks it down at once and goes elsewhere), 200 if another owner is left
-    (duo), else 503 peer-unavailable with Retry-After (solo); sent while it restarts, the
-    same but solo may be 200 too; once it is back up, 200.
+    the kill; anything while in flight at the kill, or sent while the kill was under way
+    (the kernel completes a connect until the process is gone; these are returned); sent
+    after the victim is gone (before or after the survivors saw it down: a forward that
+    finds its port closed marks it down at once and goes elsewhere), 200 if another owner
+    is left (duo), else 503 peer-unavailable with Retry-After (solo); sent while it
+    restarts, the same but solo may be 200 too; once it is back up, 200.
     """
     window: list[Outcome] = []
     wrong: list[tuple[str, Outcome]] = []
@@ -445,7 +446,7 @@ def check_outcomes(load: Load, to_victim: set[tuple[str, str]]) -> list[Outcome]
         if (o.via, service_name) not in to_victim or o.ended == "before" or o.phase == "back":
             if o.status != 200:
                 wrong.append(("must be served", o))
-        elif o.phase == "before":  # in flight at the kill: lost with the victim
+        elif o.phase in ("before", "killing"):  # in flight at the kill: lost with the victim
             if o.status != 200:
                 window.append(o)
         elif o.phase == "window" and service_name == "solo":
@@ -520,9 +521,10 @@ def test_a_peer_killed_under_load(role, pod_factory, fixed_pods, activator_facto
     with Load(targets, threads=6, path="/delay?ms=30") as load:
         load.wait_more(60)
 
-        load.phase = "window"  # from the kill until both survivors see the victim down
+        load.phase = "killing"  # until the victim is reaped: its port may still take a connect
         killed_at = time.monotonic()
         victim.kill()
+        load.phase = "window"  # from its exit until both survivors see it down
         to_down = {}
         for name, act in survivors.items():
             health = peer_health(wait_peer(act, victim_name, "down", f"{name} to mark {victim_name} down"), victim_name)
