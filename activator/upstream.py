@@ -799,10 +799,8 @@ class PodConnection(deadlines.Watched):
 
     def _feed_body(self, data: bytes) -> None:
         """Feed body bytes to the parser (its callbacks fill ``_pending``, set ``complete``)."""
-        parser = self._parser
-        assert parser is not None
         try:
-            parser.feed_data(data)
+            self._feed(data)
         except httptools.HttpParserError as error:
             if not self.complete:
                 raise self._cut(error) from error
