@@ -17,9 +17,9 @@ from typing import Any
 import gevent
 
 from .configfile import load_config
-from .core.config import Address
+from .core.config import Address, LimitsConfig
 from .core.errors import ConfigError
-from .engine import HttpServer, Limits
+from .engine import HttpServer
 from .server import Runtime, listen_on, setup_logging
 
 
@@ -75,7 +75,7 @@ def run_demo(delay: float = 1.0) -> int:
     try:
         for service in config.services.values():
             for pod in service.pods:
-                server = HttpServer(listen_on(Address(pod.host, pod.port)), DemoPod(pod.address, delay), Limits())
+                server = HttpServer(listen_on(Address(pod.host, pod.port)), DemoPod(pod.address, delay), LimitsConfig())
                 server.start()
                 pods.append(server)
         runtime = Runtime(config)

@@ -28,6 +28,7 @@ What this module decides:
 from __future__ import annotations
 
 import logging
+import socket
 import ssl
 import sys
 import types
@@ -38,8 +39,11 @@ from urllib.parse import unquote_to_bytes
 import gevent
 from gevent.server import StreamServer
 
-from .core.errors import ActivatorError, ClientGone, InternalError, TooManyConnections
-from .core.http import BodyFraming, own_answer
+from .core.config import LimitsConfig
+from .core.errors import ActivatorError, BadRequest, ClientGone, InternalError, TooManyConnections
+from .core.h2budgets import Budget
+from .core.heads import BodyFraming, RequestHead, client_framing
+from .core.http import own_answer
 from .exchange import ClientExchange
 from .http1 import H1Connection, linger
 from .http2 import H2ServerConnection
@@ -52,34 +56,35 @@ EXCHANGE = "activator.exchange"
 Application = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
 
 
-class Limits:
-    """What the engine enforces per connection (``limits:`` in the config)."""
-
-    __slots__ = ("max_connections", "client_timeout", "max_header_bytes", "max_body_bytes")
-
-    def __init__(
-        self,
-        max_connections: int = 10000,
-        client_timeout: float = 60.0,
-        max_header_bytes: int = 65536,
-        max_body_bytes: int | None = None,
-    ) -> None:
-        self.max_connections = max_connections
-        self.client_timeout = client_timeout
-        self.max_header_bytes = max_header_bytes
-        self.max_body_bytes = max_body_bytes
+#: Told of every request refused before any application ran: (client address, its head
+#: when it was parsed far enough, the refusal).
+RefusalHook = Callable[[str, RequestHead | None, ActivatorError], None]
+#: Told of every HTTP/2 connection closed for going past one of its budgets.
+BudgetHook = Callable[[Budget], None]
 
 
 class HttpServer:
     """Serves ``app`` on ``listener`` (a bound, listening, non-blocking socket)."""
 
-    def __init__(self, listener: Any, app: Application, limits: Limits, *, tls: ssl.SSLContext | None = None) -> None:
+    def __init__(
+        self,
+        listener: Any,
+        app: Application,
+        limits: LimitsConfig,
+        *,
+        tls: ssl.SSLContext | None = None,
+        on_refused: RefusalHook | None = None,
+        on_budget: BudgetHook | None = None,
+    ) -> None:
         self.app = app
         #: ``app`` as it is called: a Falcon app's bound ``__call__`` (CPython runs a bound
         #: Python method inline, where calling the instance recurses in C: every request
         #: parked in the queue then keeps a smaller copy of the C stack).
         self._call = _direct_call(app)
+        #: What the engine enforces per connection; swapped on reload (new connections).
         self.limits = limits
+        self.on_refused = on_refused
+        self.on_budget = on_budget
         #: The TLS context for new connections (None: plain); swapped when the files change.
         self.tls = tls
         self.stopping = False
@@ -115,12 +120,18 @@ class HttpServer:
         """Stop accepting (the listener is closed); open connections go on."""
         self._server.close()
 
+    def begin_stop(self) -> None:
+        """A graceful stop begins: every later answer closes its HTTP/1.x connection, and
+        every HTTP/2 connection gets its GOAWAY now (the streams under way finish, the
+        client opens no new one). Does not yield."""
+        self.stopping = True
+        for h2 in list(self._h2):
+            h2.stop()
+
     def stop(self, timeout: float) -> None:
         """Close idle connections now, give the others ``timeout`` seconds, kill the rest."""
-        self.stopping = True
+        self.begin_stop()
         self._server.close()
-        for h2 in list(self._h2):
-            h2.stop()  # GOAWAY: the streams under way finish, no new one starts
         idle = [greenlet for conn, greenlet in self.connections.items() if conn not in self._busy]
         gevent.killall(idle, block=False)
         gevent.joinall(list(self.connections.values()), timeout=timeout)
@@ -171,7 +182,15 @@ class HttpServer:
         """An HTTP/2 connection: its streams are served by ``http2`` (one greenlet each)."""
         self._busy.add(conn)  # streams come and go; the connection counts as busy
         conn.cut = True  # HTTP/2 ends with GOAWAY, not with a lingering HTTP/1.x close
-        h2 = H2ServerConnection(conn.sock, conn.client_ip, self.limits, conn.scheme, self._call_app)
+        h2 = H2ServerConnection(
+            conn.sock,
+            conn.client_ip,
+            self.limits,
+            conn.scheme,
+            self._call_app,
+            on_refused=self.on_refused,
+            on_budget=self.on_budget,
+        )
         self._h2.add(h2)
         try:
             if self.stopping:
@@ -186,22 +205,25 @@ class HttpServer:
             try:
                 exchange = conn.next_exchange()
             except ActivatorError as refusal:
-                log.debug("refused a request from %s: %s (%s)", conn.client_ip, refusal.reason, refusal)
+                self._refused(conn.client_ip, None, refusal)
                 conn.send(own_answer(refusal, close=True))
                 return
             if exchange is None:
                 return
             self._busy.add(conn)
             if exchange.refusal is not None:
-                log.debug(
-                    "refused a request from %s: %s (%s)", conn.client_ip, exchange.refusal.reason, exchange.refusal
-                )
+                self._refused(conn.client_ip, exchange.head, exchange.refusal)
                 exchange.answer(exchange.refusal)
             else:
                 self._call_app(exchange)
             if not conn.settle(exchange):
                 return
             self._busy.discard(conn)
+
+    def _refused(self, client_ip: str, head: RequestHead | None, refusal: ActivatorError) -> None:
+        log.debug("refused a request from %s: %s (%s)", client_ip, refusal.reason, refusal)
+        if self.on_refused is not None:
+            self.on_refused(client_ip, head, refusal)
 
     def _call_app(self, exchange: ClientExchange) -> None:
         environ = self._environ(exchange)
@@ -218,28 +240,29 @@ class HttpServer:
         except ClientGone:
             raise
         except Exception:
-            log.exception("internal error serving %s %r", exchange.method, exchange.target[:200])
+            log.exception("internal error serving %s %r", exchange.head.method, exchange.head.target[:200])
             exchange.answer(InternalError())
             return
         if not exchange.finished:
             exchange.finish()
 
     def _environ(self, exchange: ClientExchange) -> dict[str, Any]:
-        target = exchange.target
+        head = exchange.head
+        target = head.target
         path, _, query = target.partition(b"?")
         if b"%" in path:
             path = unquote_to_bytes(path)
         environ = self._base_environ.copy()
-        environ["REQUEST_METHOD"] = exchange.method
+        environ["REQUEST_METHOD"] = head.method
         environ["PATH_INFO"] = path.decode("latin-1")
         environ["QUERY_STRING"] = query.decode("latin-1")
-        environ["SERVER_PROTOCOL"] = _SERVER_PROTOCOLS.get(exchange.version, "HTTP/1.0")
+        environ["SERVER_PROTOCOL"] = _SERVER_PROTOCOLS.get(head.version, "HTTP/1.0")
         environ["REMOTE_ADDR"] = exchange.client_ip
         environ["wsgi.url_scheme"] = _SCHEMES[exchange.scheme_bytes]
         environ["wsgi.input"] = _Input(exchange)
         environ[EXCHANGE] = exchange
         keys = _ENVIRON_KEYS
-        for (_, value), lower in zip(exchange.headers, exchange.lower_names):  # noqa: B905 (built together)
+        for (_, value), lower in zip(head.headers, head.lower_names):  # noqa: B905 (built together)
             key = keys.get(lower)
             if key is None:
                 key = _environ_key(lower)
@@ -322,12 +345,9 @@ class _WsgiResponse:
 
     def send(self, result: Iterable[bytes]) -> None:
         exchange = self._exchange
-        if exchange.method == "HEAD" or self._status in (204, 304):
-            framing = BodyFraming.NONE
-        elif self._length is not None:
-            framing = BodyFraming.LENGTH
-        else:
-            framing = BodyFraming.CLOSE if exchange.version == "1.0" else BodyFraming.CHUNKED
+        head = exchange.head
+        length_known = BodyFraming.LENGTH if self._length is not None else BodyFraming.CHUNKED
+        framing = client_framing(head.method, self._status, length_known, head.version)
         exchange.start(self._status, self._reason, self._headers, framing)
         if framing is BodyFraming.NONE:
             return
@@ -336,14 +356,38 @@ class _WsgiResponse:
 
 
 def _handshake(context: ssl.SSLContext, sock: Any, timeout: float) -> Any | None:
-    """The TLS side of a new connection, or None when the handshake failed (closed)."""
+    """The TLS side of a new connection, or None when there is none (the socket closed).
+
+    A client that speaks plain HTTP to the TLS port (its first byte is not a TLS
+    handshake record's) gets a plain 400 and a clean close, as does one whose handshake
+    fails: never a reset.
+    """
     try:
         sock.settimeout(timeout)  # once per connection: a timer is fine here
+        first = sock.recv(1, socket.MSG_PEEK)
+        if first and first[0] != _TLS_HANDSHAKE_RECORD:
+            log.debug("plain HTTP (or not TLS) on the TLS port from %s", _peer(sock))
+            sock.sendall(own_answer(BadRequest("this port speaks TLS (https)"), close=True))
+            linger(sock)
+            sock.close()
+            return None
         secured = context.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
         secured.do_handshake()
         secured.settimeout(None)
         return secured
     except (OSError, ValueError) as error:
         log.debug("TLS handshake failed: %s", error)
+        linger(sock)
         sock.close()
         return None
+
+
+#: The first byte of a TLS record that carries a handshake (RFC 8446 5.1).
+_TLS_HANDSHAKE_RECORD = 0x16
+
+
+def _peer(sock: Any) -> str:
+    try:
+        return str(sock.getpeername()[0])
+    except OSError:
+        return "?"

@@ -8,14 +8,27 @@ carries the parsed head, reads the body, and writes the response. Its rules:
   needs it (its head, its body) or the connection moves on to the next request; one
   recv is at most 64 KiB, so pipelined requests parsed ahead are bounded by that.
   Requests are answered strictly in order.
-- **What llhttp refuses, we refuse**, classified by ``core.http``: a malformed head ->
-  400 ``bad-request`` (501 for an unknown method or transfer coding), the connection
-  closed after the answer. Our own limits are checked as the parser delivers the head:
-  a request line over 8 KiB -> 414, a header section over ``max_header_bytes`` -> 431,
-  and so is a chunked body's trailer section (a field section of its own, same limit).
-  Then ``core.http`` checks what llhttp leaves to us (version, target form, Host, body
-  framing); a refusal that leaves the framing intact (bad Host, absolute-form) keeps the
-  connection.
+- **What llhttp refuses, we refuse**, classified by ``core.heads``: a malformed head ->
+  400 ``bad-request`` (501 for a transfer coding), the connection closed after the
+  answer. Our own limits are checked as the parser delivers the head: a request line
+  over 8 KiB -> 414, a header section over ``max_header_bytes`` -> 431, and so is a
+  chunked body's trailer section (a field section of its own, same limit). The head is
+  a ``core.heads.RequestHead``, checked by ``core.heads.check_request_head`` as an
+  HTTP/2 one is (version, method, target form, body framing, Host, Upgrade); a refusal
+  that leaves the framing intact (bad Host, absolute-form) keeps the connection.
+- **Any token is a method** (RFC 9110 9.1). llhttp knows a fixed list of them, so every
+  message is fed to it from its first byte on (the feeds are cut where a message may
+  end: after each CRLF CRLF, and at the end of a body of known length; a chunked body
+  ends with CRLF CRLF too), and a method outside ``FED_AS_IS`` is given to llhttp as
+  ``GET``, a method of no consequence for a request's framing; the exchange keeps the
+  method the client sent, and the request line is checked against the bytes as they
+  came.
+- **Upgrade**: llhttp stops at the end of an Upgrade request's head (it skips any body).
+  A request that becomes a tunnel if its pod answers 101 (``core.heads.wants_tunnel``)
+  keeps what followed its head for the tunnel; when the pod answers anything else, the
+  connection goes on with those bytes as the next requests. A declined Upgrade (it has a
+  body, or asks for ``h2c``) is served as a plain request: its body is read by a parser
+  primed with a head of the same framing, which goes on with the requests after it.
 - **Body framing errors close the connection** (a bad chunk, a chunked body over
   ``max_body_bytes``, a client that stops sending): the answer says
   ``Connection: close``, nothing after the error is parsed, and the socket is closed
@@ -41,7 +54,7 @@ import re
 import socket
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import gevent
 import httptools
@@ -49,7 +62,7 @@ from gevent.select import select as gselect
 from gevent.socket import wait_read
 
 from . import deadlines, hangup
-from .core import http
+from .core import heads, http
 from .core.errors import (
     ActivatorError,
     BadRequest,
@@ -60,13 +73,10 @@ from .core.errors import (
     HeadersTooLarge,
     MalformedTarget,
     RequestLineTooLong,
-    UnsupportedMethod,
 )
-from .core.http import BodyFraming
+from .core.heads import BodyFraming, RequestHead
+from .exchange import ClientExchange
 from .sockets import shutdown_keeping_tls
-
-if TYPE_CHECKING:
-    from .exchange import ClientExchange
 
 #: One recv from the client.
 RECV_SIZE = 65536
@@ -84,180 +94,47 @@ H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 #: While only a prefix of the preface has come (a rare, slow client), look again this often.
 PREFACE_POLL_SECONDS = 0.01
 _NO_BYTES = b""
-# Names of request headers the connection itself looks at, lower-cased.
-_HOST = b"host"
-_CONTENT_LENGTH = b"content-length"
-_TRANSFER_ENCODING = b"transfer-encoding"
-_CONNECTION = b"connection"
-_EXPECT = b"expect"
-_UPGRADE = b"upgrade"
-_FORWARDED = b"x-activator-forwarded"
-_CONTENT_TYPE = b"content-type"
-_GRPC_TIMEOUT = b"grpc-timeout"
-_METHOD_THEN_SPACE = re.compile(rb"(?:\r\n)*[!#$%&'*+\-.^_`|~0-9A-Za-z]+ ")
-#: Method names llhttp returned, as str (llhttp knows a fixed set).
+_HEAD_END = b"\r\n\r\n"
+#: Methods fed to llhttp as they came; any other token is fed as ``GET`` (see the
+#: module docstring). CONNECT is llhttp's to read as the tunnel request it is.
+FED_AS_IS = frozenset((b"GET", b"HEAD", b"POST", b"PUT", b"DELETE", b"OPTIONS", b"PATCH", b"CONNECT"))
+_STAND_IN = b"GET"
+#: A message's start: empty lines, then a method token and its space.
+_REQUEST_START = re.compile(rb"(?:\r\n)*([!#$%&'*+\-.^_`|~0-9A-Za-z]+) ")
+#: What may still become one: empty lines, then part of a token (or a lone CR).
+_PARTIAL_START = re.compile(rb"(?:\r\n)*(?:\r|[!#$%&'*+\-.^_`|~0-9A-Za-z]*)\Z")
+#: Method names as str, by their bytes (bounded: they are client input).
 _METHODS: dict[bytes, str] = {}
-_SPECIAL = frozenset(
-    (
-        _HOST,
-        _CONTENT_LENGTH,
-        _TRANSFER_ENCODING,
-        _CONNECTION,
-        _EXPECT,
-        _UPGRADE,
-        _FORWARDED,
-        _CONTENT_TYPE,
-        _GRPC_TIMEOUT,
-    )
-)
+_METHODS_SIZE = 1024
+#: Heads that put a fresh parser in the body of a declined Upgrade request.
+_PRIMED_LENGTH = b"PUT / HTTP/1.1\r\nContent-Length: %d\r\n\r\n"
+_PRIMED_CHUNKED = b"PUT / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
 
 
-class H1Exchange:
-    """One request on an ``H1Connection``: its head, its body, and its response.
+class H1Exchange(ClientExchange):
+    """One request on an ``H1Connection``: its head, its body, and its response
+    (``exchange.ClientExchange``)."""
 
-    The parser fills the head and the body pieces; the application reads the body with
-    ``read`` and answers with ``start``/``write``/``finish`` (or ``answer`` for one of
-    activator's own answers, or ``interim`` for a 1xx first).
-    """
-
-    __slots__ = (
-        "conn",
-        "client_ip",
-        "client_ip_bytes",
-        "scheme_bytes",
-        "method",
-        "target",
-        "version",
-        "headers",
-        "lower_names",
-        "hosts",
-        "host",
-        "content_length",
-        "transfer_encodings",
-        "connection_values",
-        "expect_continue",
-        "upgrade",
-        "upgrade_value",
-        "forwarded",
-        "content_type",
-        "grpc_timeout",
-        "tunnel_data",
-        "keep_alive",
-        "framing",
-        "refusal",
-        "head_done",
-        "body",
-        "body_bytes",
-        "body_done",
-        "body_error",
-        "trailers",
-        "continue_sent",
-        "started",
-        "finished",
-        "response_framing",
-        "close_after",
-        "status",
-        "bytes_sent",
-        "_head",
-    )
+    __slots__ = ("conn", "head_done", "tunnel_data", "response_framing", "close_after", "_pending_head")
 
     def __init__(self, conn: H1Connection) -> None:
+        super().__init__(RequestHead(), conn.client_ip, conn.client_ip_bytes, conn.scheme_bytes)
         self.conn = conn
-        self.client_ip = conn.client_ip
-        self.client_ip_bytes = conn.client_ip_bytes
-        self.scheme_bytes = conn.scheme_bytes
-        self.method = ""
-        self.target = _NO_BYTES
-        self.version = "1.1"
-        self.headers: list[http.Header] = []
-        self.lower_names: list[bytes] = []
-        # Lines few requests carry: no list until one comes (``core.http.add_line``).
-        self.hosts: list[bytes] | tuple[()] = ()
-        self.host = ""
-        self.content_length: int | None = None
-        self.transfer_encodings: list[bytes] | tuple[()] = ()
-        self.connection_values: list[bytes] | tuple[()] = ()
-        self.expect_continue = False
-        self.upgrade = False
-        self.upgrade_value: bytes | None = None
-        #: ``X-Activator-Forwarded`` lines (the hops between activators), in order.
-        self.forwarded: list[bytes] | tuple[()] = ()
-        self.content_type: bytes | None = None
-        self.grpc_timeout: bytes | None = None
+        self.head_done = False
         #: Bytes the client sent after the head of an upgrade request (tunnel data).
         self.tunnel_data = _NO_BYTES
-        self.keep_alive = True
-        self.framing = BodyFraming.NONE
-        #: Set when the head is fine for llhttp but refused by our rules.
-        self.refusal: ActivatorError | None = None
-        self.head_done = False
-        #: Body pieces parsed and not read yet (a list: an empty deque costs 600 bytes,
-        #: and this one holds a piece or two).
-        self.body: list[bytes] = []
-        self.body_bytes = 0
-        self.body_done = False
-        self.body_error: ActivatorError | None = None
-        self.trailers: list[http.Header] | tuple[()] = ()
-        self.continue_sent = False
-        self.started = False
-        self.finished = False
         self.response_framing = BodyFraming.NONE
         self.close_after = False
-        self.status = 0
-        #: Body bytes actually handed to the kernel for the client.
-        self.bytes_sent = 0
-        self._head = _NO_BYTES
-
-    def __repr__(self) -> str:
-        return f"<H1Exchange {self.method} {self.target[:60]!r} HTTP/{self.version}>"
+        #: The final response's head, until it goes out with the first piece of its body.
+        self._pending_head = _NO_BYTES
 
     # -- the request -------------------------------------------------------------------
 
-    def read(self, size: int = RECV_SIZE) -> bytes:
-        """The next piece of the request body (at most ``size`` bytes); b"" at its end.
+    def _await_body(self) -> None:
+        self.conn.pump_body(self)
 
-        Raises the body's framing error (``ClientBodyError``, ``BodyTooLarge``),
-        ``ClientTimeout``, or ``ClientGone`` if the client closed mid-body. The first
-        read answers ``Expect: 100-continue``.
-        """
-        body = self.body
-        while not body:
-            if self.body_error is not None:
-                raise self.body_error
-            if self.body_done:
-                return _NO_BYTES
-            if self.expect_continue and not self.continue_sent:
-                self.continue_sent = True
-                if not self.started:
-                    self.conn.send(_CONTINUE)
-            self.conn.pump_body(self)
-        piece = body.pop(0)
-        if len(piece) > size:
-            body.insert(0, piece[size:])
-            return piece[:size]
-        if body and len(piece) + len(body[0]) <= size:  # several pieces already here: one read
-            pieces = [piece]
-            taken = len(piece)
-            while body and taken + len(body[0]) <= size:
-                more = body.pop(0)
-                pieces.append(more)
-                taken += len(more)
-            piece = b"".join(pieces)
-        return piece
-
-    def raise_known_error(self) -> None:
-        """Raise the body's error if the bytes already parsed show it (no socket read).
-
-        Called before the first byte goes to the pod: a request whose framing is broken
-        within what already arrived (the usual smuggling attempt, in one packet) reaches
-        no pod at all.
-        """
-        if self.body_error is not None and not self.body:
-            raise self.body_error
-
-    def buffered(self) -> bool:
-        """Whether body bytes (or its end, or an error) are here without reading the socket."""
-        return bool(self.body) or self.body_done or self.body_error is not None
+    def _send_continue(self) -> None:
+        self.conn.send(_CONTINUE)
 
     def fileno(self) -> int:
         return int(self.conn.sock.fileno())
@@ -286,9 +163,9 @@ class H1Exchange:
 
     # -- the response ------------------------------------------------------------------
 
-    def interim(self, status: int, reason: bytes, headers: list[http.Header]) -> None:
+    def interim(self, status: int, reason: bytes, headers: list[heads.Header]) -> None:
         """Relay a pod's 1xx answer (before the final one); HTTP/1.0 clients never get one."""
-        if self.version == "1.1" and not self.started:
+        if self.head.version == "1.1" and not self.started:
             lower_names = [name.lower() for name, _ in headers]
             kept = http.response_headers(headers, lower_names, BodyFraming.NONE)
             self.conn.send(b"%s%s\r\n" % (http.status_line(status, reason), http.header_block(kept)))
@@ -297,7 +174,7 @@ class H1Exchange:
         self,
         status: int,
         reason: bytes | None,
-        headers: Sequence[http.Header],
+        headers: Sequence[heads.Header],
         framing: BodyFraming,
         close: bool = False,
     ) -> None:
@@ -305,7 +182,7 @@ class H1Exchange:
 
         ``headers``: end-to-end header lines, without framing or Connection lines
         (``core.http.response_headers``); ``framing`` says how the body goes out
-        (``core.http.client_framing``).
+        (``core.heads.client_framing``).
         """
         self.started = True
         self.status = status
@@ -318,44 +195,44 @@ class H1Exchange:
             parts.append(b"Transfer-Encoding: chunked\r\n")
         if close:
             parts.append(b"Connection: close\r\n")
-        elif self.version == "1.0":
+        elif self.head.version == "1.0":
             parts.append(b"Connection: keep-alive\r\n")
         parts.append(b"\r\n")
-        self._head = b"".join(parts)
+        self._pending_head = b"".join(parts)
 
     def write(self, data: bytes) -> None:
         """Send a piece of the body (with the head, the first time). Raises ClientGone."""
         if not data:
             return
         framed = b"%x\r\n%s\r\n" % (len(data), data) if self.response_framing is BodyFraming.CHUNKED else data
-        head = self._head
+        head = self._pending_head
         if head:
-            self._head = _NO_BYTES
+            self._pending_head = _NO_BYTES
             framed = head + framed
         self.conn.send(framed)
         self.bytes_sent += len(data)
 
     def flush(self) -> None:
         """Send the head now, if it still waits for the first ``write``. Raises ClientGone."""
-        head = self._head
+        head = self._pending_head
         if head:
-            self._head = _NO_BYTES
+            self._pending_head = _NO_BYTES
             self.conn.send(head)
 
-    def finish(self, trailers: Sequence[http.Header] = ()) -> None:
+    def finish(self, trailers: Sequence[heads.Header] = ()) -> None:
         """End the response (the last chunk and the trailers, for chunked; an HTTP/1.x
         response that is not chunked has nowhere to put trailers: they are dropped)."""
         if self.finished:
             return
         self.finished = True
-        tail = self._head
-        self._head = _NO_BYTES
+        tail = self._pending_head
+        self._pending_head = _NO_BYTES
         if self.response_framing is BodyFraming.CHUNKED:
             tail += b"0\r\n%s\r\n" % http.header_block(trailers)
         if tail:
             self.conn.send(tail)
 
-    def switch_protocols(self, reason: bytes, headers: Sequence[http.Header]) -> tuple[Any, bytes]:
+    def switch_protocols(self, reason: bytes, headers: Sequence[heads.Header]) -> tuple[Any, bytes]:
         """Send the pod's 101 (with ``Connection: upgrade``) and hand over the socket.
 
         Returns the client socket and the bytes it sent after its request head; the
@@ -372,12 +249,12 @@ class H1Exchange:
     def answer(self, error: ActivatorError) -> None:
         """Activator's own answer for ``error``; if the response already started, the
         only honest signal left is cutting the connection."""
-        if self.started and not self._head:  # part of the pod's answer is out already
+        if self.started and not self._pending_head:  # part of the pod's answer is out already
             self.cut()
             return
-        self._head = _NO_BYTES
+        self._pending_head = _NO_BYTES
         close = error.closes_connection or self._must_close()
-        grpc = http.is_grpc(self.content_type)
+        grpc = http.is_grpc(self.head.content_type)
         self.started = self.finished = True
         self.status = 200 if grpc else error.status
         self.close_after = close
@@ -391,15 +268,15 @@ class H1Exchange:
 
     def _must_close(self) -> bool:
         """Whether the connection cannot carry another request after this answer."""
-        if not self.keep_alive or self.conn.closing:
+        if not self.head.keep_alive or self.conn.closing:
             return True
         if self.body_done:
             return False
-        if self.body_error is not None or (self.expect_continue and not self.continue_sent):
+        if self.body_error is not None or (self.head.expect_continue and not self._continue_sent):
             return True
-        if self.framing is BodyFraming.LENGTH:  # the rest can be discarded if it is small
-            assert self.content_length is not None
-            return self.content_length - self.body_bytes > DRAIN_LIMIT
+        if self.head.framing is BodyFraming.LENGTH:  # the rest can be discarded if it is small
+            assert self.head.content_length is not None
+            return self.head.content_length - self.body_bytes > DRAIN_LIMIT
         return True  # an unfinished chunked body: its length is unknown
 
 
@@ -428,11 +305,13 @@ class H1Connection(deadlines.Watched):
         "_stopped",
         "_upgraded",
         "_in_head_wait",
-        "_feeding",
+        "_held",
+        "_tail",
+        "_method",
+        "_shift",
         "_head_raw",
-        "_head_raw_from_start",
-        "_at_boundary",
-        "_completed_in_feed",
+        "_priming",
+        "_upgrade_ended",
         "_served_one",
         "_hangup_fd",
         "_hung_up",
@@ -474,15 +353,23 @@ class H1Connection(deadlines.Watched):
         self._error: ActivatorError | None = None  # a refused head, after the ready ones
         self._eof = False  # the client closed (or reset) its side
         self._stopped = False  # nothing more is parsed (an error, or the limit backstop)
+        #: Parsing paused after the head of a request that may become a tunnel.
         self._upgraded = False
         self._in_head_wait = False  # a timeout now still lets us answer 408
-        # Raw bytes, for the checks llhttp leaves to us (the request line, the method).
-        self._feeding = _NO_BYTES  # the data being fed now
-        self._head_raw = _NO_BYTES  # the feeds since the current head began
-        #: Whether ``_head_raw`` begins where the message does (nothing of another before it).
-        self._head_raw_from_start = True
-        self._at_boundary = True  # the feed began between two messages
-        self._completed_in_feed = 0
+        #: The start of a message whose method token is not whole yet.
+        self._held = _NO_BYTES
+        #: The last bytes fed (a CRLF CRLF may straddle two feeds).
+        self._tail = _NO_BYTES
+        #: The method token of the message being parsed, as the client sent it, and how
+        #: much longer the bytes fed to llhttp are than those (its stand-in's length).
+        self._method = _NO_BYTES
+        self._shift = 0
+        #: The bytes since the current head began, as they came (``_check_request_line``).
+        self._head_raw = _NO_BYTES
+        #: A fresh parser is being put into a declined Upgrade request's body.
+        self._priming = False
+        #: llhttp stopped at the end of the head just parsed (an Upgrade request).
+        self._upgrade_ended = False
         #: A request of this plain-TCP connection was handed out already (see ``next_exchange``).
         self._served_one = False
         #: The socket as the hang-up monitor watches it (-1: not watched); see ``watch_gone``.
@@ -500,81 +387,56 @@ class H1Connection(deadlines.Watched):
     # -- llhttp callbacks (called from feed_data; they never yield) ------------------------
 
     def on_message_begin(self) -> None:
-        self._head_raw = self._feeding  # where this head's request line is (see _check_request_line)
-        self._head_raw_from_start = self._at_boundary and not self._completed_in_feed
+        if self._priming:
+            return
         self._current = H1Exchange(self)
         self._url_parts = []
         self._field_bytes = 0
         self._fed_without_data = 0
 
     def on_url(self, url: bytes) -> None:
+        if self._priming:
+            return
         parts = self._url_parts
         parts.append(url)
         if (len(parts) > 1 and sum(map(len, parts)) > MAX_TARGET) or len(url) > MAX_TARGET:
             raise RequestLineTooLong(f"request target over {MAX_TARGET} bytes")
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        if self._priming:
+            return
         exchange = self._current
         assert exchange is not None
         self._field_bytes += len(name) + len(value) + 4
-        if exchange.head_done:  # a trailer of a chunked body
-            if self._field_bytes > self.max_header_bytes:
-                raise HeadersTooLarge(f"trailer section over {self.max_header_bytes} bytes")
-            exchange.trailers = http.add_line(exchange.trailers, (name, value))
-            return
         if self._field_bytes > self.max_header_bytes:
-            raise HeadersTooLarge(f"header section over {self.max_header_bytes} bytes")
-        exchange.headers.append((name, value))
-        lower = name.lower()
-        exchange.lower_names.append(lower)
-        if lower in _SPECIAL:
-            if lower == _HOST:
-                exchange.hosts = http.add_line(exchange.hosts, value)
-            elif lower == _CONTENT_LENGTH:
-                exchange.content_length = int(value)  # llhttp has validated it
-            elif lower == _TRANSFER_ENCODING:
-                exchange.transfer_encodings = http.add_line(exchange.transfer_encodings, value)
-            elif lower == _CONNECTION:
-                exchange.connection_values = http.add_line(exchange.connection_values, value)
-            elif lower == _EXPECT:
-                exchange.expect_continue = value.lower() == b"100-continue"
-            elif lower == _UPGRADE:
-                exchange.upgrade_value = value
-            elif lower == _FORWARDED:
-                exchange.forwarded = http.add_line(exchange.forwarded, value)
-            elif lower == _CONTENT_TYPE:
-                exchange.content_type = value
-            else:
-                exchange.grpc_timeout = value
+            section = "trailer" if exchange.head_done else "header"
+            raise HeadersTooLarge(f"{section} section over {self.max_header_bytes} bytes")
+        if exchange.head_done:  # a trailer of a chunked body
+            exchange.trailers = heads.add_line(exchange.trailers, (name, value.rstrip(b" \t")))
+        else:
+            exchange.head.add_field(name, value)
 
     def on_headers_complete(self) -> None:
+        if self._priming:
+            return
         exchange = self._current
         assert exchange is not None
         parser = self._parser
         parts = self._url_parts
-        exchange.target = target = parts[0] if len(parts) == 1 else b"".join(parts)
-        raw_method = parser.get_method()
-        method = _METHODS.get(raw_method)
+        head = exchange.head
+        head.target = target = parts[0] if len(parts) == 1 else b"".join(parts)
+        token, self._method = self._method, _NO_BYTES  # a message begun mid-piece has none: refused
+        method = _METHODS.get(token)
         if method is None:
-            method = _METHODS.setdefault(raw_method, raw_method.decode("ascii"))
-        exchange.method = method
-        exchange.version = version = parser.get_http_version()
-        exchange.keep_alive = parser.should_keep_alive()
-        # llhttp flags Upgrade requests (and CONNECT, refused below) as upgrades.
-        upgrade = exchange.upgrade_value is not None and method != "CONNECT" and parser.should_upgrade()
-        exchange.upgrade = upgrade
+            if len(_METHODS) >= _METHODS_SIZE:
+                _METHODS.clear()
+            method = _METHODS[token] = token.decode("latin-1")
+        head.method = method
+        head.version = version = parser.get_http_version()
+        head.keep_alive = parser.should_keep_alive()
         try:
-            self._check_request_line(raw_method, target, version)
-            exchange.framing, exchange.host = http.check_request_head(
-                version,
-                method,
-                target,
-                exchange.hosts,
-                exchange.content_length,
-                exchange.transfer_encodings,
-                upgrade,
-                self.max_body_bytes,
-            )
+            self._check_request_line(token, target, version)
+            heads.check_request_head(head, self.max_body_bytes)
         except ActivatorError as error:
             if error.closes_connection:
                 raise  # stops the parser: nothing after this head is read as HTTP
@@ -582,14 +444,14 @@ class H1Connection(deadlines.Watched):
         self._head_raw = _NO_BYTES  # checked: not kept while the request waits
         self._field_bytes = self._fed_without_data = 0  # trailers, if any, are a section of their own
         exchange.head_done = True
-        if exchange.framing is BodyFraming.NONE:
+        if head.framing is BodyFraming.NONE:
             exchange.body_done = True
         self._ready.append(exchange)
 
     def on_body(self, data: bytes) -> None:
         exchange = self._current
         assert exchange is not None
-        exchange.body.append(data)
+        exchange._body.append(data)
         exchange.body_bytes += len(data)
         self._data_in_feed = True
         maximum = self.max_body_bytes
@@ -597,30 +459,28 @@ class H1Connection(deadlines.Watched):
             raise BodyTooLarge(f"request body over max_body_bytes {maximum}")
 
     def on_message_complete(self) -> None:
+        if self._priming:
+            return
         exchange = self._current
         assert exchange is not None
         exchange.body_done = True
         self._current = None
-        self._completed_in_feed += 1
 
     def _check_request_line(self, method: bytes, target: bytes, version: str) -> None:
         """The request line as llhttp read it must be in the bytes as they came, exactly.
 
         llhttp tolerates several spaces between the parts of a request line and a version
         without digits it reads as 0.9; RFC 9112 asks for one SP. A head is in the bytes
-        of the feeds since its message began (``_head_raw``, which may begin with the end
-        of the message before it).
+        fed since its message began (``_head_raw``), after empty lines at most (RFC 9112
+        2.2; llhttp also skips a bare CR there, which is refused here).
         """
         line = b"%s %s HTTP/%s\r\n" % (method, target, version.encode("ascii"))
         raw = self._head_raw
         if raw.startswith(line):  # the usual case: nothing before it
             return
         at = raw.find(line)
-        if at < 0:
+        if at < 0 or raw[:at].replace(b"\r\n", b""):
             raise BadRequest("malformed request line")
-        # Before it, only empty lines (RFC 9112 2.2); llhttp also skips a bare CR there.
-        if self._head_raw_from_start and raw[:at].replace(b"\r\n", b"").strip(b"\n"):
-            raise BadRequest("bytes before the request line")
 
     # -- reading ----------------------------------------------------------------------------
 
@@ -657,7 +517,7 @@ class H1Connection(deadlines.Watched):
             self.deadline = time.monotonic() + self.client_timeout
             self._in_head_wait = True
             try:
-                if self._served_one and self._current is None:
+                if self._served_one and self._current is None and not self._held:
                     # A keep-alive client sends its next request once it has read our
                     # answer: wait for it rather than try a recv bound to fail (a syscall
                     # and an exception per request). Not under TLS, whose layer may hold
@@ -713,34 +573,125 @@ class H1Connection(deadlines.Watched):
         return True
 
     def _feed(self, data: bytes) -> None:
-        current = self._current
-        if current is not None and not current.head_done:
-            self._head_raw += data  # a head that goes on from the previous feed
-        self._feeding = data
-        self._at_boundary = current is None
-        self._completed_in_feed = 0
+        """Feed ``data`` to llhttp, cut where a message may end (see the module docstring)."""
+        if self._held:
+            data = self._held + data
+            self._held = _NO_BYTES
+        self._data_in_feed = False
+        fed = 0
+        while data and not self._stopped and not self._upgraded:
+            current = self._current
+            if current is None:  # a message (or empty lines before one) starts here
+                parsed = self._start_message(data)
+                if parsed is None:
+                    self._held = data  # the method token is not whole yet
+                    break
+                to_llhttp, self._shift = parsed
+            else:
+                to_llhttp, self._shift = data, 0
+            end = self._piece_end(data, current)
+            if end < len(data):
+                piece, data = data[:end], data[end:]
+                to_llhttp = to_llhttp[: end + self._shift]
+            else:
+                piece, data = data, _NO_BYTES
+            fed += len(piece)
+            rest = self._feed_piece(piece, to_llhttp)
+            if rest is not None:  # llhttp stopped after an Upgrade request's head
+                data = rest + data
+                data = self._after_upgrade_head(data)
+        self._limit_fields(fed)
+
+    def _start_message(self, data: bytes) -> tuple[bytes, int] | None:
+        """What llhttp is fed for a message that starts in ``data``, and the shift of its
+        stand-in method; None while the method token may still grow."""
+        match = _REQUEST_START.match(data)
+        if match is None:
+            if len(data) <= MAX_TARGET and _PARTIAL_START.match(data) is not None:
+                return None
+            self._method = _NO_BYTES
+            return data, 0  # not a request line llhttp can take: it refuses it
+        token = match.group(1)
+        self._method = token
+        if token in FED_AS_IS:
+            return data, 0
+        return data[: match.start(1)] + _STAND_IN + data[match.end(1) :], len(_STAND_IN) - len(token)
+
+    def _piece_end(self, data: bytes, current: H1Exchange | None) -> int:
+        """Where the piece of ``data`` that may end a message ends: after the first
+        CRLF CRLF (a head's end, or a chunked body's), or at the end of a body of known
+        length."""
+        if current is None:  # a message starts: it cannot end before it began
+            at = data.find(_HEAD_END)
+            return len(data) if at < 0 else at + 4
+        head = current.head
+        if current.head_done and head.content_length is not None and not head.transfer_encodings:
+            # llhttp reads this body by its length (also that of a refused head)
+            return max(1, head.content_length - current.body_bytes)
+        tail = self._tail
+        at = (tail + data).find(_HEAD_END)
+        return len(data) if at < 0 else at + 4 - len(tail)
+
+    def _feed_piece(self, piece: bytes, to_llhttp: bytes) -> bytes | None:
+        """Feed one piece; what followed the head of an Upgrade request in it (llhttp
+        stopped there), else None."""
+        self._tail = piece[-3:]
+        if self._current is None or not self._current.head_done:
+            self._head_raw += piece
         try:
-            self._parser.feed_data(data)
-            self._feeding = _NO_BYTES
+            self._parser.feed_data(to_llhttp)
         except httptools.HttpParserUpgrade as upgrade:
-            self._upgraded = True
-            offset = upgrade.args[0]
-            exchange = self._ready[-1] if self._ready else None
-            if exchange is not None:
-                exchange.tunnel_data = data[offset:]
-            return
+            self._upgrade_ended = True
+            return piece[upgrade.args[0] - self._shift :]
         except httptools.HttpParserError as error:
             self._stopped = True  # llhttp is in an error state: nothing more is parsed
             self._parse_failed(error)
-            return
+        return None
+
+    def _after_upgrade_head(self, data: bytes) -> bytes:
+        """llhttp stopped after an Upgrade request's head; ``data``: what followed it.
+        Returns what is still to parse now (see "Upgrade" in the module docstring)."""
+        self._upgrade_ended = False
+        exchange = self._ready[-1] if self._ready else None
+        if exchange is None:  # refused (CONNECT): nothing more is parsed
+            self._stopped = True
+            return _NO_BYTES
+        if exchange.head.upgrade:
+            exchange.tunnel_data = data
+            self._upgraded = True
+            return _NO_BYTES
+        if exchange.refusal is not None:
+            self._stopped = True  # where its body (if any) ends is not known: close after the answer
+            return _NO_BYTES
+        if exchange.head.framing is not BodyFraming.NONE:
+            self._prime(exchange)
+        return data
+
+    def _prime(self, exchange: H1Exchange) -> None:
+        """A fresh parser, in the body of ``exchange`` (a declined Upgrade: llhttp skipped it)."""
+        head = exchange.head
+        chunked = head.framing is BodyFraming.CHUNKED
+        primer = _PRIMED_CHUNKED if chunked else _PRIMED_LENGTH % (head.content_length or 0)
+        exchange.body_done = False
+        self._current = exchange
+        self._parser = httptools.HttpRequestParser(self)
+        self._priming = True
+        try:
+            self._parser.feed_data(primer)
+        finally:
+            self._priming = False
+
+    def _limit_fields(self, fed: int) -> None:
+        """The memory backstop: a field line llhttp holds until it ends, or chunk framing
+        without data, may not grow past the header limit and one recv more."""
         data_came, self._data_in_feed = self._data_in_feed, False
         current = self._current
-        if current is None:
+        if current is None or self._stopped:
             return
         if data_came:
             self._fed_without_data = 0
             return
-        self._fed_without_data += len(data)
+        self._fed_without_data += fed
         if self._fed_without_data > self.max_header_bytes + RECV_SIZE:
             self._stopped = True
             if current.head_done:  # an endless trailer line, or chunk framing with no data
@@ -755,47 +706,48 @@ class H1Connection(deadlines.Watched):
         ours = cause if isinstance(cause, ActivatorError) else None
         current = self._current
         if current is not None and current.head_done:
+            refused_coding = "Transfer-Encoding" in str(error)
+            if ours is None and refused_coding and not current.body_bytes and current in self._ready:
+                # llhttp refused the head's framing once the head was complete (a
+                # Transfer-Encoding it cannot read): a refusal of the head, not of a body.
+                self._ready.remove(current)
+                self._error = heads.refusal_of_head(str(error))
+                return
             # In the body: its framing is broken (or it grew past the limit).
             current.body_error = ours or ClientBodyError(f"request body: {error}")
             return
         if ours is not None:
             self._error = ours
-        elif isinstance(error, httptools.HttpParserInvalidMethodError):
-            self._error = self._method_refusal()
         elif isinstance(error, httptools.HttpParserInvalidURLError):
             self._error = MalformedTarget(str(error))
         else:
-            self._error = http.refusal_of_head(str(error))
-
-    def _method_refusal(self) -> ActivatorError:
-        """501 for a well-formed method llhttp does not know, 400 for a malformed line.
-
-        Only told apart when the failing request line starts this feed (the usual case: it
-        is the first thing the client sent, or it came on its own): then its first word is
-        in plain view.
-        """
-        if self._at_boundary and not self._completed_in_feed and _METHOD_THEN_SPACE.match(self._feeding):
-            return UnsupportedMethod("a method llhttp does not know")
-        return BadRequest("malformed request line")
+            self._error = heads.refusal_of_head(str(error))
 
     # -- after an answer ------------------------------------------------------------------
 
     def settle(self, exchange: H1Exchange) -> bool:
         """After ``exchange``'s answer: whether the connection carries another request.
 
-        Discards what is left of its body when that is small enough and intact.
+        Discards what is left of its body when that is small enough and intact. An
+        Upgrade request its pod declined goes on with what the client sent after it.
         """
-        if exchange.close_after or self.cut or self.closing or not exchange.keep_alive:
+        if exchange.close_after or self.cut or self.closing or not exchange.head.keep_alive:
             return False
+        if self._upgraded:
+            self._upgraded = False
+            following, exchange.tunnel_data = exchange.tunnel_data, _NO_BYTES
+            if following:
+                self._feed(following)
+            return True
         drained = 0
         while not exchange.body_done:
             if exchange.body_error is not None or drained > DRAIN_LIMIT:
                 return False
-            drained += sum(map(len, exchange.body))
-            exchange.body.clear()
+            drained += sum(map(len, exchange._body))
+            exchange._body.clear()
             if not exchange.body_done:
                 self.pump_body(exchange)
-        return exchange.body_error is None and not self._upgraded
+        return exchange.body_error is None
 
     # -- writing ----------------------------------------------------------------------------
 
@@ -892,9 +844,3 @@ def linger(sock: Any, seconds: float = LINGER_SECONDS, limit: int = LINGER_BYTES
             drained += len(data)
     except OSError:
         pass
-
-
-if TYPE_CHECKING:  # mypy checks that an HTTP/1.x exchange is a ClientExchange
-
-    def _is_a_client_exchange(exchange: H1Exchange) -> ClientExchange:
-        return exchange

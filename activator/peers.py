@@ -28,12 +28,13 @@ from .core import peering
 from .core.events import Event as TopologyEvent
 from .core.events import PeerChecked, ViewReceived
 from .core.fleet import CheckTarget
-from .core.http import BodyFraming, Header
+from .core.heads import BodyFraming, Header
 from .core.peering import ACTIVATOR_SCOPE, Answer, Check, PeerAuthError, PeerState
+from .core.timeouts import Timeouts
 from .core.topology import Topology
 from .exchange import ClientExchange
 from .pods import split_address
-from .upstream import FixedBody, Timeouts, UpstreamPool
+from .upstream import FixedBody, UpstreamPool
 
 log = logging.getLogger("activator")
 
@@ -67,10 +68,10 @@ class PeerEndpoint:
     def serve(self, exchange: ClientExchange) -> None:
         """Answer one request to the peer path."""
         body = _read_body(exchange)
-        relayed = any(name.lower() == RELAYED_HEADER for name, _ in exchange.headers)
-        proof = next((value for name, value in exchange.headers if name.lower() == peering.PROOF_HEADER), None)
+        relayed = any(name.lower() == RELAYED_HEADER for name, _ in exchange.head.headers)
+        proof = next((value for name, value in exchange.head.headers if name.lower() == peering.PROOF_HEADER), None)
         try:
-            if body is None or exchange.method != "POST":
+            if body is None or exchange.head.method != "POST":
                 raise ValueError("a check is a POST with a body")
             check = peering.decode_check(body)
             self._verify(check, proof, body)
@@ -243,7 +244,8 @@ class PeerChecker:
 
 
 def _read_body(exchange: ClientExchange) -> bytes | None:
-    if exchange.content_length is not None and exchange.content_length > MAX_CHECK_BYTES:
+    length = exchange.head.content_length
+    if length is not None and length > MAX_CHECK_BYTES:
         return None
     pieces: list[bytes] = []
     size = 0
@@ -296,8 +298,8 @@ def _post(
         )
         try:
             data = b"".join(response.body())
-            proof = next((v for n, v in response.headers if n.lower() == peering.PROOF_HEADER), None)
-            return response.status, data, proof
+            proof = next((v for n, v in response.head.headers if n.lower() == peering.PROOF_HEADER), None)
+            return response.head.status, data, proof
         finally:
             response.close()
     except Exception as error:  # refused, timed out, broken: no answer

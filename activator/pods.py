@@ -16,9 +16,10 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Protocol
 
-from .core.http import BodyFraming, Header
+from .core.heads import BodyFraming, Header
+from .core.timeouts import Timeouts
 from .exchange import InterimCallback, PodResponse
-from .upstream import BodySource, Timeouts, UpstreamPool
+from .upstream import BodySource, UpstreamPool
 from .upstream_h2 import H2PodPool
 
 HTTP1 = "http1"

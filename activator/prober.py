@@ -25,10 +25,10 @@ import time
 import gevent
 
 from .core.config import ProbeConfig
-from .core.errors import UpstreamConnectError, UpstreamTimeout
+from .core.errors import UpstreamBodyError, UpstreamConnectError, UpstreamTimeout
 from .core.events import ProbeReport
 from .core.failures import FailureKind
-from .core.http import BodyFraming
+from .core.heads import BodyFraming
 from .core.probes import (
     GRPC_HEALTH_PATH,
     GRPC_HEALTH_REQUEST,
@@ -39,9 +39,10 @@ from .core.probes import (
     probe_due,
     probed,
 )
+from .core.timeouts import Timeouts
 from .core.topology import Topology
 from .pods import H2C, HTTP1, PodClient, make_client
-from .upstream import FixedBody, Timeouts, UpstreamBodyError
+from .upstream import FixedBody
 from .writer import TopologyWriter
 
 PROBE_HEADERS = [(b"User-Agent", b"activator-probe"), (b"Accept", b"*/*")]
@@ -144,10 +145,11 @@ def probe_once(pool: PodClient, address: str, probe: ProbeConfig, protocol: str 
         return ProbeOutcome.TIMED_OUT, f"timeout: {error}"
     except UpstreamBodyError as error:
         return (ProbeOutcome.TIMED_OUT if error.kind is FailureKind.TIMEOUT else ProbeOutcome.BROKEN), str(error)
-    if grpc_check and response.status == 200:
-        fields = [*response.headers, *response.trailers]
+    status_code = response.head.status
+    if grpc_check and status_code == 200:
+        fields = [*response.head.headers, *response.trailers]
         status = next((value for name, value in fields if name.lower() == b"grpc-status"), None)
         return grpc_health_outcome(status, bytes(data))
-    if 200 <= response.status < 400 and not grpc_check:
+    if 200 <= status_code < 400 and not grpc_check:
         return ProbeOutcome.PASSED, ""
-    return ProbeOutcome.BAD_STATUS, f"status {response.status}"
+    return ProbeOutcome.BAD_STATUS, f"status {status_code}"

@@ -43,28 +43,30 @@ from .core.errors import (
     ClientGone,
     DeadlineExceeded,
     InternalError,
+    QueueFull,
     QueueTimeout,
     ShuttingDown,
     UpstreamBadResponse,
+    UpstreamBodyError,
     UpstreamConnectError,
     UpstreamTimeout,
 )
 from .core.events import PeerChecked, TransportFailure
 from .core.failures import CONNECT_RETRIES, FailureKind, may_retry_elsewhere
 from .core.fleet import Forward
-from .core.http import BodyFraming, Header
+from .core.heads import BodyFraming, Header, client_framing, connection_tokens
 from .core.peering import PEER_PATH
 from .core.slotexchange import Borrowed
 from .core.throttler import Grant, ServiceThrottler
+from .core.timeouts import Timeouts
 from .core.topology import Topology, may_forward
 from .engine import EXCHANGE
 from .exchange import ClientExchange, PodResponse
 from .observe import Observer, RequestRecord
 from .peers import PeerEndpoint
-from .pods import HTTP1, PodClient
+from .pods import H2C, HTTP1, PodClient
 from .sharing import SlotSharing
 from .tunnel import Tunnel
-from .upstream import Timeouts, UpstreamBodyError
 from .writer import Actor, TopologyWriter
 
 log = logging.getLogger("activator")
@@ -268,17 +270,17 @@ class Proxy:
 
     def __call__(self, req: falcon.Request, resp: falcon.Response, **_: Any) -> None:
         exchange: ClientExchange = req.env[EXCHANGE]
-        if self.peers is not None and exchange.target.startswith(PEER_PATH):
+        if self.peers is not None and exchange.head.target.startswith(PEER_PATH):
             self._serve_peer(exchange)  # the fleet's own traffic: neither logged nor counted
             return
-        record = RequestRecord(time.monotonic(), exchange.client_ip, exchange.method, exchange.target)
+        record = RequestRecord(time.monotonic(), exchange.client_ip, exchange.head.method, exchange.head.target)
         self.active += 1
         try:
             self._serve(exchange, record)
         except ActivatorError as error:
             self._answer(exchange, error, record)
         except Exception:
-            log.exception("internal error proxying %s %r", exchange.method, exchange.target[:200])
+            log.exception("internal error proxying %s %r", exchange.head.method, exchange.head.target[:200])
             self._answer(exchange, InternalError(), record)
         finally:
             self.active -= 1
@@ -318,7 +320,8 @@ class Proxy:
             record.status, record.reason = 499, "client-gone"
 
     def _serve(self, exchange: ClientExchange, record: RequestRecord) -> None:
-        throttler = self.topology.route(exchange.host)
+        head = exchange.head
+        throttler = self.topology.route(head.host)
         record.service = throttler.name
         if self.stopping:
             raise ShuttingDown()
@@ -327,13 +330,13 @@ class Proxy:
         deadline = self._grpc_deadline(exchange, record)
         # Built before waiting, so that a handed-over slot is put to use at once.
         pod_headers = http.pod_request_headers(
-            exchange.headers,
-            exchange.lower_names,
+            head.headers,
+            head.lower_names,
             exchange.client_ip_bytes,
             exchange.scheme_bytes,
-            exchange.hosts[0] if exchange.hosts else b"",
-            http.connection_tokens(exchange.connection_values),
-            exchange.upgrade_value if exchange.upgrade else None,
+            head.hosts[0] if head.hosts else b"",
+            connection_tokens(head.connection_values),
+            head.upgrade_value if head.upgrade else None,
         )
         unreachable: tuple[str, ...] = ()  # peers a forward of this request could not reach
         redirected = 0  # waits here ended by a redirect (each allows one more peer hop)
@@ -357,6 +360,9 @@ class Proxy:
             wait = record.start + config.queue_timeout - now
             if deadline is not None:
                 wait = min(wait, deadline - now)
+            share = exchange.queue_share
+            if share is not None and not share.enter(throttler.name, config.queue_depth):
+                raise QueueFull("this client connection holds its share of the queue already")
             try:
                 lease = self._acquire(throttler, max(0.0, wait), exchange, record.start)
             except gate.Redirected:
@@ -366,19 +372,39 @@ class Proxy:
                 if deadline is not None and time.monotonic() >= deadline:
                     raise DeadlineExceeded("grpc-timeout passed while queued") from None
                 raise
-            else:
-                record.queue_wait = time.monotonic() - record.start
-                if deadline is not None:
-                    _pass_on_deadline(pod_headers, deadline)
-                try:
-                    response = self._send_to_pod(exchange, pod_headers, config, lease, record)
-                    if response.upgraded:
-                        self._tunnel(exchange, response, config, record, lease)
-                    else:
-                        self._relay(exchange, response, record, lease)
-                finally:
-                    lease.release()
-                return
+            finally:
+                if share is not None:
+                    share.leave(throttler.name)
+            record.queue_wait = time.monotonic() - record.start
+            if deadline is not None:
+                _pass_on_deadline(pod_headers, deadline)
+            self._proxy(exchange, pod_headers, config, lease, record)
+            return
+
+    def _proxy(
+        self,
+        exchange: ClientExchange,
+        pod_headers: list[Header],
+        config: ServiceConfig,
+        lease: SlotLease,
+        record: RequestRecord,
+    ) -> None:
+        """The request on its pod, with its slot (given back here, whatever happens).
+
+        A client that leaves while its request runs: an h2c pod's stream is reset (the pod
+        cancels the call), an HTTP/1.1 pod's connection is closed if the service says
+        ``client_gone: cancel``; either way the slot is free at once.
+        """
+        cancel = config.protocol == H2C or config.client_gone == "cancel"
+        try:
+            with CancelWhenGone(exchange, cancel, "the client left while its request ran"):
+                response = self._send_to_pod(exchange, pod_headers, config, lease, record)
+                if not response.upgraded:
+                    self._relay(exchange, response, record, lease)
+            if response.upgraded:
+                self._tunnel(exchange, response, config, record, lease)
+        finally:
+            lease.release()
 
     def _peer_unreachable(self, target: Forward, error: UpstreamConnectError) -> None:
         """A forward to ``target`` could not connect: tell the writer, and wait until it
@@ -410,15 +436,15 @@ class Proxy:
 
     @staticmethod
     def _marker(exchange: ClientExchange) -> str | None:
-        values = exchange.forwarded
+        values = exchange.head.forwarded
         return b", ".join(values).decode("latin-1") if values else None
 
     @staticmethod
     def _grpc_deadline(exchange: ClientExchange, record: RequestRecord) -> float | None:
         """A gRPC request's deadline (monotonic), from its ``grpc-timeout``; raises when spent."""
-        if exchange.grpc_timeout is None:
+        if exchange.head.grpc_timeout is None:
             return None
-        seconds = http.grpc_timeout(exchange.grpc_timeout)
+        seconds = http.grpc_timeout(exchange.head.grpc_timeout)
         if seconds is None:
             return None
         if seconds <= 0:
@@ -461,6 +487,7 @@ class Proxy:
         waited = lease.waited
         retries = CONNECT_RETRIES
         timeouts = self._timeouts(config)
+        head = exchange.head
         while True:
             record.pod = lease.pod
             if waited and exchange.client_gone():
@@ -469,12 +496,12 @@ class Proxy:
             sent_at = time.monotonic()
             try:
                 response = self._pod_client(lease.pod, config.protocol).request(
-                    exchange.method,
-                    exchange.target,
+                    head.method,
+                    head.target,
                     pod_headers,
                     exchange,
-                    exchange.framing,
-                    exchange.content_length,
+                    head.framing,
+                    head.content_length,
                     timeouts,
                     exchange.interim,
                 )
@@ -509,17 +536,19 @@ class Proxy:
                 # Nobody will read it: drop the pod connection rather than pool it.
                 response.abort()
                 raise ClientGone("the client hung up while the pod worked")
-            status = response.status
-            framing = http.client_framing(exchange.method, status, response.framing, exchange.version)
-            keep_length = exchange.method == "HEAD" or status == 304
+            pod_head = response.head
+            method = exchange.head.method
+            status = pod_head.status
+            framing = client_framing(method, status, response.framing, exchange.head.version)
+            keep_length = method == "HEAD" or status == 304
             headers = http.response_headers(
-                response.headers,
-                response.lower_names,
+                pod_head.headers,
+                pod_head.lower_names,
                 framing,
-                http.connection_tokens(response.connection_values),
+                connection_tokens(pod_head.connection_values),
                 keep_length=keep_length,
             )
-            exchange.start(status, response.reason, headers, framing, close=response.early)
+            exchange.start(status, pod_head.reason, headers, framing, close=response.early)
             if response.complete:
                 body = response.take_body()
                 trailers = _trailers_relayed(response, framing)
@@ -559,13 +588,13 @@ class Proxy:
         lease: SlotLease,
     ) -> None:
         """The pod accepted an Upgrade (101): splice bytes until either side closes."""
-        switch = getattr(exchange, "switch_protocols", None)
-        if switch is None:  # only HTTP/1.1 upgrades: an HTTP/2 stream never asks for one
+        if not exchange.head.upgrade:  # an HTTP/2 stream, or an Upgrade activator declined
             response.abort()
             raise UpstreamBadResponse("a 101 answer to a request that asked for no upgrade")
-        headers = http.response_headers(response.headers, response.lower_names, BodyFraming.NONE, keep_upgrade=True)
+        pod_head = response.head
+        headers = http.response_headers(pod_head.headers, pod_head.lower_names, BodyFraming.NONE, keep_upgrade=True)
         pod_socket = response.detach()
-        client_socket, to_pod = switch(response.reason, headers)
+        client_socket, to_pod = exchange.switch_protocols(pod_head.reason, headers)
         tunnel = Tunnel(client_socket, pod_socket, config.idle_timeout)
         lease.open_tunnel()
         try:
@@ -597,30 +626,59 @@ class Proxy:
         record.pod = f"peer:{target.address}"
         hop = f"peer {self.self_name}"
         pod_headers = [*pod_headers, (b"X-Activator-Forwarded", (f"{marker}, {hop}" if marker else hop).encode())]
-        me = gevent.getcurrent()
-        waiting = True
-
-        def client_left() -> None:
-            if waiting:
-                gevent.kill(me, ClientGone("the client hung up while its forwarded request waited"))
-
-        if not exchange.watch_gone(client_left):
-            raise ClientGone("the client hung up before its request was forwarded")
-        try:
+        head = exchange.head
+        with CancelWhenGone(exchange, True, "the client hung up while its forwarded request waited"):
             response = self._pod_client(target.address, HTTP1).request(
-                exchange.method,
-                exchange.target,
+                head.method,
+                head.target,
                 pod_headers,
                 exchange,
-                exchange.framing,
-                exchange.content_length,
+                head.framing,
+                head.content_length,
                 self._timeouts(config, forwarding=True),
                 exchange.interim,
             )
-        finally:
-            waiting = False
-            exchange.unwatch_gone(client_left)
         self._relay(exchange, response, record, None)
+
+
+class CancelWhenGone:
+    """Within it (when ``enabled``), a client that goes away ends this greenlet's work with
+    ``ClientGone``, thrown where it waits (for a pod's answer, for a forwarded one, on a
+    write): the pod client it waits in closes its connection or resets its stream on the
+    way out, and the slot goes back at once. The throw is decided in the hub at the moment
+    it lands, so that it never reaches code after the block."""
+
+    __slots__ = ("_exchange", "_enabled", "_why", "_greenlet", "_inside")
+
+    def __init__(self, exchange: ClientExchange, enabled: bool, why: str) -> None:
+        self._exchange = exchange
+        self._enabled = enabled
+        self._why = why
+        self._greenlet = gevent.getcurrent()
+        self._inside = False
+
+    def __enter__(self) -> None:
+        if not self._enabled:
+            return
+        if not self._exchange.watch_gone(self._gone):
+            raise ClientGone(self._why)
+        self._inside = True
+
+    def __exit__(self, *exc: object) -> None:
+        if self._inside:
+            self._inside = False
+            self._exchange.unwatch_gone(self._gone)
+
+    def _gone(self) -> None:
+        """The watch fired (in the hub, or in an HTTP/2 connection's reader): throw from
+        the hub, if the block is still running then. Does not yield."""
+        if self._inside:
+            gevent.get_hub().loop.run_callback(self._throw)
+
+    def _throw(self) -> None:
+        if self._inside and not self._greenlet.dead:
+            self._inside = False
+            self._greenlet.throw(ClientGone(self._why))
 
 
 class EveryPath:

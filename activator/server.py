@@ -44,13 +44,13 @@ from gevent.event import Event
 from . import __version__
 from .admin import make_admin_app
 from .configfile import load_config
-from .core.config import Address, Config, ConfigDiff, diff_configs
+from .core.config import Address, Config, ConfigDiff, LimitsConfig, diff_configs
 from .core.errors import ConfigError
 from .core.events import ConfigChanged, Tick, ViewReceived
 from .core.events import Event as TopologyEvent
 from .core.throttler import Grant, ServiceThrottler
 from .core.topology import Topology
-from .engine import HttpServer, Limits
+from .engine import HttpServer
 from .logs import fatal, setup_logging
 from .metrics import make_metrics
 from .observe import Observer
@@ -80,11 +80,6 @@ __all__ = ["Runtime", "listen_on", "run", "setup_logging"]
 def listen_on(address: Address) -> socket.socket:
     """A listener for a configured address (``sockets.listen_socket``)."""
     return listen_socket(address.host, address.port)
-
-
-def limits_of(config: Config) -> Limits:
-    limits = config.limits
-    return Limits(limits.max_connections, limits.client_timeout, limits.max_header_bytes, limits.max_body_bytes)
 
 
 class Runtime:
@@ -117,7 +112,6 @@ class Runtime:
             self.sharing = SlotSharing(worker.exchange, worker.index, self.topology, self.actor.act, self.writer.post)
         self.prober = Prober(self.topology, self.writer)
         self.pods = PodClients()
-        self.limits = limits_of(config)
         self.proxy = Proxy(
             self.topology,
             self.observer,
@@ -161,20 +155,20 @@ class Runtime:
         worker = self.worker
         app = make_app(self.proxy)
         self.server = HttpServer(
-            worker.public if worker else listen_on(config.listen), app, self.limits, tls=self._tls_context
+            worker.public if worker else listen_on(config.listen), app, config.limits, tls=self._tls_context
         )
         self.server.start()
         if worker is not None:
-            self.private_server = HttpServer(worker.private, app, self.limits)
+            self.private_server = HttpServer(worker.private, app, config.limits)
             self.private_server.start()
-            self.admin_server = HttpServer(worker.admin, make_admin_app(self), Limits())
+            self.admin_server = HttpServer(worker.admin, make_admin_app(self), LimitsConfig())
             self.admin_server.start()
         elif config.admin is not None:
             if config.admin.host not in ("127.0.0.1", "::1", "localhost"):
                 log.warning(
                     "admin API listens on %s, not on loopback: anyone who can reach it sees /status", config.admin
                 )
-            self.admin_server = HttpServer(listen_on(config.admin), make_admin_app(self), Limits())
+            self.admin_server = HttpServer(listen_on(config.admin), make_admin_app(self), LimitsConfig())
             self.admin_server.start()
         if self.sharing is not None:
             self.sharing.start()
@@ -314,9 +308,9 @@ class Runtime:
         old = self.config
         self.config = new
         self.observer.access_log = new.access_log
-        new_limits = limits_of(new)
-        for name in Limits.__slots__:
-            setattr(self.limits, name, getattr(new_limits, name))
+        for server in (self.server, self.private_server):
+            if server is not None:
+                server.limits = new.limits
         self.proxy.client_timeout = new.limits.client_timeout
         self.proxy.self_name = new.activators.self_name if new.activators else ""
         if self.server is not None:
@@ -349,7 +343,7 @@ class Runtime:
         self.notifier.stopping(f"draining {self.proxy.active} requests")
         for server in (self.server, self.private_server):
             if server is not None:
-                server.stopping = True
+                server.begin_stop()  # HTTP/2 clients get their GOAWAY now, not at the end
         if self.server is not None:
             self.server.close()
         deadline = time.monotonic() + grace

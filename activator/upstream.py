@@ -3,9 +3,11 @@
 What this module decides:
 
 Parsing
-    Responses are parsed by llhttp through httptools' ``HttpResponseParser`` (strict, no
-    lenient flags). A response to HEAD is fed to it one head at a time (llhttp would
-    otherwise read the next response's bytes as the body its Content-Length announces).
+    Responses are parsed by llhttp through httptools' ``HttpResponseParser``, strict but
+    for one leniency: a line may end in a bare LF (the pod is trusted, and HAProxy and
+    nginx relay such answers too; a client's request never gets it). A response to HEAD
+    is fed to it one head at a time (llhttp would otherwise read the next response's
+    bytes as the body its Content-Length announces).
     1xx answers (103 Early Hints, 102 Processing) are collected and handed to the caller's
     ``interim`` callback before the final answer; ``100 Continue`` is ours to give
     (activator answers the client's ``Expect`` itself) and is dropped. Header lines keep
@@ -48,7 +50,7 @@ Timeouts (``Timeouts``)
     moment the request head was sent (None: no limit). While the body is being sent, each
     write must be taken by the pod within ``response_start`` (a pod that stops reading).
     Pod sockets have no socket timeout: waits are bounded by deadlines (``deadlines``), so
-    that no timer is started per wait.
+    that no timer is started per wait. The arithmetic is ``core.timeouts.Timeouts``'.
 
 Retry rule
     A reused idle connection that fails before any response byte (send error, EOF or reset
@@ -72,20 +74,19 @@ from gevent import socket as gsocket
 from gevent.monkey import get_original
 
 from . import deadlines
-from .core.errors import ClientBodyError, UpstreamBadResponse, UpstreamConnectError, UpstreamTimeout
-from .core.failures import FailureKind
-from .core.http import BodyFraming, Header, add_line, header_block
-from .exchange import InterimCallback
+from .core.errors import (
+    ClientBodyError,
+    UpstreamBadResponse,
+    UpstreamBodyError,
+    UpstreamConnectError,
+    UpstreamTimeout,
+)
+from .core.heads import BodyFraming, Header, ResponseHead, add_line, response_framing
+from .core.http import header_block
+from .core.timeouts import Timeouts
+from .exchange import InterimCallback, PodResponse
 
-__all__ = [
-    "BodySource",
-    "PodConnection",
-    "Timeouts",
-    "UpstreamBodyError",
-    "UpstreamBodyTimeout",
-    "UpstreamIdle",
-    "UpstreamPool",
-]
+__all__ = ["BodySource", "FixedBody", "PodConnection", "UpstreamPool"]
 
 #: Size of one recv from the pod and of one read from the request body.
 BLOCK_SIZE = 65536
@@ -103,7 +104,7 @@ _IPPROTO_TCP = socket.IPPROTO_TCP
 _TCP_NODELAY = socket.TCP_NODELAY
 _TCP_QUICKACK = getattr(socket, "TCP_QUICKACK", None)
 _HEAD_END = b"\r\n\r\n"
-_FRAMING_NAMES = frozenset((b"content-length", b"transfer-encoding", b"connection"))
+_TRAILING_WHITESPACE = (b" ", b"\t")
 _LAST_CHUNK = b"0\r\n\r\n"
 
 
@@ -145,52 +146,6 @@ class FixedBody:
 
     def wait_for_body(self, pod_fd: int, timeout: float) -> bool:
         return True
-
-
-class Timeouts:
-    """The deadlines of one exchange with a pod (see the module docstring)."""
-
-    __slots__ = ("connect", "response_start", "idle", "total", "client")
-
-    def __init__(
-        self,
-        connect: float,
-        response_start: float,
-        idle: float | None = None,
-        total: float | None = None,
-        client: float = 60.0,
-    ) -> None:
-        self.connect = connect
-        self.response_start = response_start
-        self.idle = idle
-        self.total = total
-        #: Longest wait for the client while its body streams through (client_timeout).
-        self.client = client
-
-
-class UpstreamBodyError(Exception):
-    """The response body broke off (reset, EOF, bad chunking) after its head was read.
-
-    Not an ``ActivatorError``: the head is out already, so the only answer left is to cut
-    the client's connection. ``log_reason``: what the access log says of the cut.
-    """
-
-    kind = FailureKind.RESET
-    log_reason = "upstream-body-cut"
-
-
-class UpstreamBodyTimeout(UpstreamBodyError):
-    """The response did not finish within the exchange's ``total`` time."""
-
-    kind = FailureKind.TIMEOUT
-    log_reason = "upstream-body-timeout"
-
-
-class UpstreamIdle(UpstreamBodyError):
-    """The pod sent nothing for ``idle`` seconds mid-body."""
-
-    kind = FailureKind.TIMEOUT
-    log_reason = "upstream-idle"
 
 
 class _Stale(Exception):
@@ -337,34 +292,20 @@ class UpstreamPool:
         return conn
 
 
-class PodConnection(deadlines.Watched):
+class PodConnection(PodResponse):
     """One keep-alive connection to a pod, and the exchange it carries now.
 
-    Between ``UpstreamPool.request`` and ``close()`` it is the response: ``status``,
-    ``reason``, ``headers`` (every line as the pod sent it; the caller filters hop-by-hop
-    ones with ``core.http``), ``framing``, ``content_length``, ``early``, ``upgraded`` /
-    ``tunnel_data`` (a 101), ``trailers`` (after the body). The llhttp parser lives as long
+    Between ``UpstreamPool.request`` and ``close()`` it is the response (an
+    ``exchange.PodResponse``: its ``head`` holds every line as the pod sent it; the
+    caller filters hop-by-hop ones with ``core.http``). The llhttp parser lives as long
     as the connection (llhttp starts over after each message).
     """
 
     __slots__ = (
         "pool",
         "fd",
-        "status",
-        "reason",
-        "headers",
-        "trailers",
-        "framing",
-        "content_length",
-        "early",
-        "upgraded",
-        "tunnel_data",
-        "head_done",
-        "complete",
         "received",
         "replayable",
-        "lower_names",
-        "connection_values",
         "_parser",
         "_method",
         "_head_only",
@@ -382,10 +323,9 @@ class PodConnection(deadlines.Watched):
         "_extra",
         "_head_buffer",
         "_fed_without_data",
+        "_other_coding",
         "_total_deadline",
         "_open",
-        "_chunked",
-        "_other_coding",
         "_gone_poll",
     )
 
@@ -401,7 +341,7 @@ class PodConnection(deadlines.Watched):
         deadlines.sweeper().add(self)
 
     def __repr__(self) -> str:
-        return f"<PodConnection {self.pool.where} {self.status} {self.framing.value}>"
+        return f"<PodConnection {self.pool.where} {self.head.status} {self.framing.value}>"
 
     def begin(
         self,
@@ -415,6 +355,7 @@ class PodConnection(deadlines.Watched):
         """Start a new exchange on this connection."""
         if self._parser is None:
             self._parser = httptools.HttpResponseParser(self)
+            self._parser.set_dangerous_leniencies(lenient_optional_cr_before_lf=True)
         self._method = method
         self._head_only = method == "HEAD"
         self._body = body
@@ -425,15 +366,9 @@ class PodConnection(deadlines.Watched):
         self._remaining = 0
         self._sent_at = 0.0
         self.replayable = True
-        self.status = 0
-        self.reason = b""
-        self.headers: list[Header] = []
-        self.lower_names: list[bytes] = []
-        # Lines few responses carry: no list until one comes (``core.http.add_line``).
-        self.connection_values: list[bytes] | tuple[()] = ()
-        self.trailers: list[Header] | tuple[()] = ()
+        self.head = ResponseHead()
+        self.trailers = ()
         self.framing = BodyFraming.NONE
-        self.content_length: int | None = None
         self.early = False
         self.upgraded = False
         self.tunnel_data = b""
@@ -448,7 +383,6 @@ class PodConnection(deadlines.Watched):
         self._head_buffer = b""
         self._fed_without_data = 0  # bytes fed before the head was done, or since body data came
         self._total_deadline: float | None = None
-        self._chunked = False
         self._other_coding = False
 
     def readable_or_closed(self) -> bool:
@@ -517,14 +451,12 @@ class PodConnection(deadlines.Watched):
         except BaseException:
             self.abort()
             raise
-        total = self._timeouts.total
-        self._total_deadline = None if total is None else self._sent_at + total
+        self._total_deadline = self._timeouts.total_deadline(self._sent_at)
 
     def _head_deadline(self) -> float:
         """When the response head is due: ``response_start`` from now, within ``total``."""
-        due = time.monotonic() + self._timeouts.response_start
-        total = self._timeouts.total
-        return due if total is None else min(due, self._sent_at + total)
+        timeouts = self._timeouts
+        return timeouts.head_deadline(time.monotonic(), timeouts.total_deadline(self._sent_at))
 
     def _send_rest(self) -> bool:
         """Stream the rest of the body. True if the pod sent a final answer before the end."""
@@ -680,25 +612,22 @@ class PodConnection(deadlines.Watched):
         self._reason_parts = add_line(self._reason_parts, reason)
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        if value[-1:] in _TRAILING_WHITESPACE:  # not part of the value (RFC 9110 5.5)
+            value = value.rstrip(b" \t")
         if self.head_done:
             if self.complete:  # a message after this response: not ours
                 self._extra = True
             else:
                 self.trailers = add_line(self.trailers, (name, value))
             return
-        self.headers.append((name, value))
         lower = name.lower()
-        self.lower_names.append(lower)
-        if lower in _FRAMING_NAMES:
-            if lower == b"content-length":
-                self.content_length = int(value)  # llhttp has validated it
-            elif lower == b"transfer-encoding":
-                # llhttp reads a coding list not ending in chunked as "until close"; we do
-                # not relay transfer codings other than chunked (on_headers_complete).
-                self._chunked = value.rsplit(b",", 1)[-1].strip(b" \t").lower() == b"chunked"
-                self._other_coding = not self._chunked
-            else:
-                self.connection_values = add_line(self.connection_values, value)
+        head = self.head
+        head.add_field(name, value, lower)
+        if lower == b"transfer-encoding":
+            # llhttp reads a coding list not ending in chunked as "until close"; we do
+            # not relay transfer codings other than chunked (on_headers_complete).
+            head.chunked = value.rsplit(b",", 1)[-1].strip(b" \t").lower() == b"chunked"
+            self._other_coding = not head.chunked
 
     def on_headers_complete(self) -> None:
         if self.head_done:
@@ -710,30 +639,19 @@ class PodConnection(deadlines.Watched):
         parts = self._reason_parts
         reason = parts[0] if len(parts) == 1 else b"".join(parts)
         self._reason_parts = ()
+        head = self.head
         if status < 200 and status != 101:
-            self._interims = add_line(self._interims, (status, reason, self.headers))
-            self.headers = []
-            self.lower_names = []
-            self.connection_values = ()
-            self.content_length = None
-            self._chunked = False
+            self._interims = add_line(self._interims, (status, reason, head.headers))
+            self.head = ResponseHead()
             return
         if self._other_coding:
             raise httptools.HttpParserError("a Transfer-Encoding other than chunked")
-        self.status = status
-        self.reason = reason
+        head.status = status
+        head.reason = reason
         self.head_done = True
         self._fed_without_data = 0
         self._keep_alive = parser.should_keep_alive()
-        if self._chunked:
-            framing = BodyFraming.CHUNKED
-        elif self.content_length is not None:
-            framing = BodyFraming.LENGTH if self.content_length else BodyFraming.NONE
-        else:
-            framing = BodyFraming.CLOSE
-        if self._head_only or status == 204 or status == 304 or status == 101:
-            framing = BodyFraming.NONE
-        self.framing = framing
+        self.framing = framing = response_framing(self._method, head, http2=False)
         if framing is BodyFraming.NONE:
             self.complete = True
 
@@ -807,25 +725,17 @@ class PodConnection(deadlines.Watched):
             self._extra = True  # garbage after a complete body: not reusable
 
     def _arm_body_deadline(self) -> None:
-        now = time.monotonic()
-        idle = self._timeouts.idle
-        total = self._total_deadline
-        if total is not None and total <= now:
+        deadline = self._timeouts.body_deadline(time.monotonic(), self._total_deadline)
+        if deadline is None:
             self.timed_out = True
             raise self._cut(TimeoutError("the exchange's total time is over"))
-        if idle is None:
-            self.deadline = 0.0 if total is None else total
-        else:
-            self.deadline = now + idle if total is None else min(now + idle, total)
+        self.deadline = deadline
 
     def _cut(self, cause: BaseException) -> UpstreamBodyError:
         timed_out = self.timed_out
         self.abort()
         if timed_out:
-            total = self._total_deadline
-            if total is not None and time.monotonic() >= total - deadlines.TICK:
-                return UpstreamBodyTimeout(f"the response did not finish in time: {cause!r}")
-            return UpstreamIdle(f"the pod sent nothing for {self._timeouts.idle}s mid-body")
+            return self._timeouts.body_timeout(time.monotonic(), self._total_deadline, deadlines.TICK)
         return UpstreamBodyError(f"the response body broke off: {cause!r}")
 
     def reusable(self) -> bool:

@@ -24,15 +24,13 @@ GOAWAY
     it were never processed by the pod and fail as refused (so the proxy may send them to
     another pod). h2 ends its connection state on any GOAWAY it receives (it then refuses
     every frame of the streams still running), so we own that piece: GOAWAY frames are
-    taken out of the pod's bytes before h2 sees them (``GoawayCutter``: frames are
-    delimited by their 9-byte header, and only a GOAWAY is parsed, by hyperframe).
+    taken out of the pod's bytes before h2 sees them (the driver's frame scanner).
 
 Greenlets, and the order of frames
-    Per connection, one reader greenlet (which also connects and waits for the pod's first
+    Each connection is an ``h2wire.H2Wire`` (the one HTTP/2 driver, shared with the client
+    side): one reader greenlet (which also connects and waits for the pod's first
     SETTINGS) feeds h2 and dispatches its events to the streams, and one writer greenlet
-    sends what h2 produced. Every h2 call is made without yielding and what it produced is
-    moved at once to the connection's outbox, which only the writer drains: frames go out
-    in the order h2 made them, whichever greenlet made them. Per stream with a body, a
+    sends what h2 produced, in h2's order, whichever greenlet made it. Per stream with a body, a
     pump greenlet reads it from the client and sends it as DATA within the pod's
     flow-control windows while the response comes (full duplex: gRPC client-, server- and
     bidirectional streaming); the request's trailers go as a trailing HEADERS frame. The
@@ -43,16 +41,13 @@ Greenlets, and the order of frames
 
 Request headers
     ``:method``, ``:scheme`` (``http``), ``:authority`` (the request's Host, else the pod's
-    address), ``:path``, then every other header line in its order, its name lower-cased,
-    except those HTTP/2 forbids (``connection``, ``keep-alive``, ``proxy-connection``,
-    ``transfer-encoding``, ``upgrade``, ``host``, carried by ``:authority``, and any
-    ``te``); then ``te: trailers`` always (gRPC servers require it: it says we accept trailers), and
-    ``content-length`` for a body of known length. Trailers follow the same rules.
+    address), ``:path``, then every other header line (``core.http.h2_request_fields``).
+    Our SETTINGS (one frame at the preface) disable server push and set the stream
+    window.
 
 The response (``H2PodStream``, an ``exchange.PodResponse``)
-    ``reason`` is empty (HTTP/2 has none); ``framing`` is NONE for HEAD, 204, 304, a
-    ``content-length: 0`` or headers that ended the stream (a gRPC trailers-only answer),
-    LENGTH with a content-length, else CHUNKED (DATA frames, trailers possible). Never
+    ``reason`` is empty (HTTP/2 has none); ``framing`` is ``core.heads.response_framing``'s
+    (NONE for headers that ended the stream: a gRPC trailers-only answer). Never
     ``early``: an HTTP/2 answer before the upload ended is normal, the pump goes on. 1xx
     heads go to the ``interim`` callback (``100`` dropped: activator answers ``Expect``).
     A ``:status`` that is not three digits, or 101 (no protocol switch in HTTP/2), is a bad
@@ -99,10 +94,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import gevent
 import gevent.event
@@ -112,25 +106,26 @@ import h2.events
 import h2.exceptions
 from gevent import socket as gsocket
 from h2.errors import ErrorCodes
-from h2.settings import SettingCodes
+from h2.settings import SettingCodes, Settings
 from hyperframe.exceptions import HyperframeError
-from hyperframe.frame import Frame, GoAwayFrame
+from hyperframe.frame import GoAwayFrame
 
 from . import deadlines
 from .core.errors import (
     ClientBodyError,
     UpstreamBadResponse,
+    UpstreamBodyError,
     UpstreamConnectError,
     UpstreamTimeout,
 )
-from .core.http import BodyFraming, Header
-from .exchange import InterimCallback
-from .upstream import BLOCK_SIZE, BodySource, Timeouts, UpstreamBodyError, UpstreamBodyTimeout, UpstreamIdle
+from .core.heads import BodyFraming, Header, response_framing
+from .core.http import h2_request_fields, h2_trailer_fields
+from .core.timeouts import Timeouts
+from .exchange import InterimCallback, PodResponse
+from .h2wire import RECV_SIZE, FrameScanner, H2Wire
+from .upstream import BLOCK_SIZE, BodySource
 
-if TYPE_CHECKING:
-    from .exchange import PodResponse
-
-__all__ = ["GoawayCutter", "H2PodPool", "H2PodStream", "request_fields", "trailer_fields"]
+__all__ = ["H2PodPool", "H2PodStream"]
 
 log = logging.getLogger("activator")
 
@@ -145,61 +140,18 @@ ASSUMED_MAX_STREAMS = 100
 #: for it to open): a pod that refuses every stream gets no storm of connections.
 CONNECTION_ATTEMPTS = 3
 
-#: Header names HTTP/2 forbids (RFC 9113 8.2.2), ``host`` (``:authority`` carries it) and
-#: ``te`` (we always send ``te: trailers``, the only value HTTP/2 allows).
-NOT_IN_HTTP2 = frozenset(
-    (b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding", b"upgrade", b"host", b"te")
+#: The pod is trusted, but what it sends may reach an HTTP/1.1 client: h2 checks its
+#: fields; ours are spelled right already.
+_H2_CONFIG = h2.config.H2Configuration(
+    client_side=True,
+    header_encoding=None,
+    validate_outbound_headers=False,
+    normalize_outbound_headers=False,
+    split_outbound_cookies=False,
 )
-
-_FRAME_HEADER_SIZE = 9
-_GOAWAY_TYPE = GoAwayFrame.type
-#: The largest frame we accept (our SETTINGS_MAX_FRAME_SIZE is h2's default).
-_MAX_FRAME_SIZE = 16384
-_H2_CONFIG = h2.config.H2Configuration(client_side=True, header_encoding=None)
-#: What ends a connection: the socket, the pod's EOF, HTTP/2 that h2 (or our cutter) refuses.
+#: What ends a connection: the socket, the pod's EOF, HTTP/2 that h2 (or our scanner) refuses.
 _CONNECTION_ERRORS = (OSError, EOFError, h2.exceptions.ProtocolError, HyperframeError)
-_BODILESS_STATUSES = frozenset((204, 304))
 _NO_HEADERS: list[Header] = []
-
-
-def request_fields(
-    method: str,
-    target: bytes,
-    headers: Iterable[Header],
-    default_authority: bytes,
-    framing: BodyFraming,
-    content_length: int | None,
-) -> list[Header]:
-    """The HTTP/2 header block of a request (see "Request headers"). Pure."""
-    authority = None
-    regular: list[Header] = []
-    for name, value in headers:
-        lower = name.lower()
-        if lower == b"host":
-            if authority is None:
-                authority = value
-        elif _travels(lower):
-            regular.append((lower, value))
-    fields = [
-        (b":method", method.encode("ascii")),
-        (b":scheme", b"http"),
-        (b":authority", default_authority if authority is None else authority),
-        (b":path", target),
-        *regular,
-        (b"te", b"trailers"),
-    ]
-    if framing is BodyFraming.LENGTH:
-        fields.append((b"content-length", b"%d" % (content_length or 0)))
-    return fields
-
-
-def trailer_fields(trailers: Iterable[Header]) -> list[Header]:
-    """Request trailers as HTTP/2 sends them: names lower-cased, forbidden ones dropped. Pure."""
-    return [(lower, value) for lower, value in ((n.lower(), v) for n, v in trailers) if _travels(lower)]
-
-
-def _travels(lower: bytes) -> bool:
-    return lower not in NOT_IN_HTTP2 and lower[:1] != b":"
 
 
 def parse_status(value: bytes) -> int | None:
@@ -207,72 +159,6 @@ def parse_status(value: bytes) -> int | None:
     if len(value) != 3 or not value.isdigit():
         return None
     return int(value)
-
-
-class GoawayCutter:
-    """Takes the GOAWAY frames out of the bytes a pod sends (see "GOAWAY").
-
-    Frames are delimited by their 9-byte header (RFC 9113 4.1: a 24-bit payload length,
-    then the type); every frame but a GOAWAY passes on untouched and in order, only a
-    GOAWAY is parsed (by hyperframe, which also checks it). A frame header split across
-    reads is held back until it is whole, so that a GOAWAY is never half passed on. A
-    frame longer than we accept is refused at its header (h2 would wait for all of it
-    first: an HTTP/1.x answer, read as a frame header, announces megabytes).
-    """
-
-    __slots__ = ("_held", "_payload_left", "_goaway")
-
-    def __init__(self) -> None:
-        self._held = b""  # the start of a frame header that is not whole yet
-        self._payload_left = 0  # payload bytes of the current frame still to come
-        self._goaway: bytearray | None = None  # the GOAWAY being collected, its header included
-
-    def feed(self, data: bytes) -> tuple[bytes, list[GoAwayFrame]]:
-        """The bytes for h2, and the GOAWAY frames that ended in ``data``, in order.
-
-        Raises ``HyperframeError`` for a malformed GOAWAY. Does not yield.
-        """
-        if self._held:
-            data = self._held + data
-            self._held = b""
-        passed: list[bytes] = []
-        goaways: list[GoAwayFrame] = []
-        end = len(data)
-        position = 0
-        run_start = 0  # where the bytes to pass on (since the last GOAWAY) begin
-        while position < end:
-            if self._payload_left:
-                step = min(self._payload_left, end - position)
-                if self._goaway is not None:
-                    self._goaway += data[position : position + step]
-                position += step
-                self._payload_left -= step
-            elif end - position < _FRAME_HEADER_SIZE:
-                self._held = data[position:]
-                break
-            else:
-                self._payload_left = int.from_bytes(data[position : position + 3], "big")
-                if self._payload_left > _MAX_FRAME_SIZE:
-                    raise HyperframeError(f"a frame of {self._payload_left} bytes (at most {_MAX_FRAME_SIZE})")
-                if data[position + 3] == _GOAWAY_TYPE:
-                    passed.append(data[run_start:position])
-                    self._goaway = bytearray(data[position : position + _FRAME_HEADER_SIZE])
-                position += _FRAME_HEADER_SIZE
-            if self._goaway is not None and not self._payload_left:
-                goaways.append(_parse_goaway(self._goaway))
-                self._goaway = None
-                run_start = position
-        if self._goaway is None:
-            passed.append(data[run_start:position])
-        return b"".join(passed), goaways
-
-
-def _parse_goaway(frame_bytes: bytearray) -> GoAwayFrame:
-    view = memoryview(frame_bytes)
-    frame, _ = Frame.parse_frame_header(view[:_FRAME_HEADER_SIZE])
-    frame.parse_body(view[_FRAME_HEADER_SIZE:])
-    assert isinstance(frame, GoAwayFrame)
-    return frame
 
 
 @dataclass(frozen=True, slots=True)
@@ -290,34 +176,17 @@ class _Cause:
         return cls(self.message, connected=self.connected, body_read=body_read)
 
 
-class _Waiter(deadlines.Watched):
-    """A greenlet's waits on one stream, woken by the reader or by its deadline.
-
-    The pattern of every wait: ``_wake.clear()``, look at the state, then ``_wait``;
-    nothing that the reader changes between the clear and the wait can be missed.
-    """
-
-    __slots__ = ("_wake",)
-
-    def __init__(self, sock: Any) -> None:
-        super().__init__(sock)
-        self._wake = gevent.event.Event()
-
-    def expire(self) -> None:
-        """The deadline passed: wake the waiting greenlet (the socket is shared: it stays
-        open). Does not yield."""
-        self.timed_out = True
-        self._wake.set()
-
-    def _wait(self, deadline: float) -> bool:
-        """Wait until woken, or until ``deadline`` (0: none); True if the deadline passed."""
-        self.timed_out = False
-        self.deadline = deadline
-        try:
-            self._wake.wait()
-        finally:
-            self.deadline = 0.0
-        return self.timed_out
+def _wait(watched: Any, wake: gevent.event.Event, deadline: float) -> bool:
+    """Wait until ``wake`` is set, or until ``deadline`` (0: none); True if the deadline
+    passed. The pattern of every wait: ``wake.clear()``, look at the state, then wait;
+    nothing that the reader changes between the clear and the wait can be missed."""
+    watched.timed_out = False
+    watched.deadline = deadline
+    try:
+        wake.wait()
+    finally:
+        watched.deadline = 0.0
+    return bool(watched.timed_out)
 
 
 class H2PodPool:
@@ -422,49 +291,35 @@ class H2PodPool:
             self._connections.remove(connection)
 
 
-class H2PodConnection(deadlines.Watched):
+class H2PodConnection(H2Wire):
     """One HTTP/2 connection to a pod, its reader and writer greenlets, and its streams.
 
-    Its own deadline bounds the handshake (``connect``), then each write; ``expire``
-    shuts the socket down, which ends the connection.
+    Its own deadline bounds the handshake (``connect``); the driver's writer deadline
+    bounds each write (the longest ``response_start`` of its requests). Either, when it
+    expires, shuts the socket down, which ends the connection.
     """
 
     __slots__ = (
+        "deadline",
+        "timed_out",
         "pool",
-        "h2",
         "streams",
         "ready",
         "dead",
         "going_away",
         "waiting",
-        "write_timeout",
         "_cause",
         "_ready_event",
-        "_outbox",
-        "_writable",
         "_closing",
-        "_cutter",
-        "_handlers",
     )
 
     def __init__(self, pool: H2PodPool, timeouts: Timeouts) -> None:
-        super().__init__(None)  # the socket comes with the connect, in the reader greenlet
-        self.pool = pool
-        self.h2 = h2.connection.H2Connection(config=_H2_CONFIG)
-        # Invariant: a stream is here from its HEADERS until its caller ended it.
-        self.streams: dict[int, H2PodStream] = {}
-        self.ready = False  # the pod's first SETTINGS came: streams may open
-        self.dead = False
-        self.going_away = False  # no new streams (a GOAWAY, ours or the pod's)
-        self.waiting = 0  # requests waiting for this connection to be ready
-        self.write_timeout = timeouts.response_start
-        self._cause: _Cause | None = None
-        self._ready_event = gevent.event.Event()  # set when ready, or dead
-        self._outbox: deque[bytes] = deque()
-        self._writable = gevent.event.Event()
-        self._closing = False  # close the socket once the outbox is sent
-        self._cutter = GoawayCutter()
-        self._handlers: dict[type[h2.events.Event], Callable[[Any], None]] = {
+        h2conn = h2.connection.H2Connection(config=_H2_CONFIG)
+        h2conn.local_settings = Settings(
+            client=True,
+            initial_values={SettingCodes.ENABLE_PUSH: 0, SettingCodes.INITIAL_WINDOW_SIZE: pool.stream_window},
+        )
+        handlers: dict[type[h2.events.Event], Callable[[Any], None]] = {
             h2.events.DataReceived: self._on_data,
             h2.events.WindowUpdated: self._on_window_update,
             h2.events.ResponseReceived: self._on_response,
@@ -474,11 +329,34 @@ class H2PodConnection(deadlines.Watched):
             h2.events.StreamReset: self._on_stream_reset,
             h2.events.RemoteSettingsChanged: self._on_settings,
         }
+        # The socket comes with the connect, in the reader greenlet.
+        super().__init__(None, h2conn, FrameScanner(cut_goaway=True), handlers, timeouts.response_start)
+        self.deadline = 0.0
+        self.timed_out = False
+        self.pool = pool
+        # Invariant: a stream is here from its HEADERS until its caller ended it.
+        self.streams: dict[int, H2PodStream] = {}
+        self.ready = False  # the pod's first SETTINGS came: streams may open
+        self.dead = False
+        self.going_away = False  # no new streams (a GOAWAY, ours or the pod's)
+        self.waiting = 0  # requests waiting for this connection to be ready
+        self._cause: _Cause | None = None
+        self._ready_event = gevent.event.Event()  # set when ready, or dead
+        self._closing = False  # close the socket once the outbox is sent
         gevent.spawn(self._run, timeouts.connect)
 
     def __repr__(self) -> str:
         state = "dead" if self.dead else "going away" if self.going_away else "ready" if self.ready else "opening"
         return f"<H2PodConnection {self.pool.where} {state} streams={len(self.streams)}>"
+
+    def expire(self) -> None:
+        """The handshake's deadline passed: shut the socket down (the reader sees it)."""
+        self.timed_out = True
+        if self.sock is not None:
+            try:
+                self.sock.shutdown(gsocket.SHUT_RDWR)
+            except OSError:
+                pass
 
     # -- taking streams (the request's greenlet) --------------------------------------------
 
@@ -539,8 +417,8 @@ class H2PodConnection(deadlines.Watched):
             and framing is not BodyFraming.NONE
             and not (framing is BodyFraming.LENGTH and not content_length)
         )
-        fields = request_fields(method, target, headers, self.pool.where.encode(), framing, content_length)
-        self.h2.send_headers(stream_id, fields, end_stream=not has_body)
+        fields = h2_request_fields(method, target, headers, self.pool.where.encode(), framing, content_length)
+        self.send_headers(stream_id, fields, end_stream=not has_body)
         stream = H2PodStream(self, stream_id, method, timeouts, interim)
         self.streams[stream_id] = stream
         if has_body:
@@ -548,46 +426,14 @@ class H2PodConnection(deadlines.Watched):
             stream.start_upload(body, framing, content_length)
         else:
             stream.upload_ended()
-        self._flush()
         return stream
-
-    # -- h2 calls for the streams (each does not yield) ---------------------------------------
-
-    def send_window(self, stream_id: int) -> int:
-        """How many body bytes one DATA frame may carry on ``stream_id`` now."""
-        if self.dead:
-            return 0
-        return min(self.h2.local_flow_control_window(stream_id), self.h2.max_outbound_frame_size)
-
-    def send_data(self, stream_id: int, data: memoryview) -> None:
-        if not self.dead:
-            self.h2.send_data(stream_id, data)
-            self._flush()
 
     def end_upload(self, stream_id: int, trailers: list[Header]) -> None:
         """END_STREAM, with the trailers as a trailing HEADERS frame if there are any."""
-        if self.dead:
-            return
         if trailers:
-            self.h2.send_headers(stream_id, trailers, end_stream=True)
+            self.send_headers(stream_id, trailers, end_stream=True)
         else:
-            self.h2.end_stream(stream_id)
-        self._flush()
-
-    def reset(self, stream_id: int, code: ErrorCodes) -> None:
-        if self.dead:
-            return
-        try:
-            self.h2.reset_stream(stream_id, code)
-        except h2.exceptions.StreamClosedError:
-            pass  # h2 closed it on its own (it resets a stream that broke its rules)
-        self._flush()
-
-    def acknowledge(self, stream_id: int, flow_controlled: int) -> None:
-        """The caller took ``flow_controlled`` bytes of ``stream_id``: the pod may send more."""
-        if not self.dead and flow_controlled:
-            self.h2.acknowledge_received_data(flow_controlled, stream_id)
-            self._flush()
+            self.end_stream(stream_id)
 
     def forget_stream(self, stream: H2PodStream) -> None:
         """The caller ended ``stream``."""
@@ -610,15 +456,13 @@ class H2PodConnection(deadlines.Watched):
         self.pool.forget(self)
         if self.ready:
             self.h2.close_connection()
-            self._flush()
-        self._writable.set()
+        self.stop_writing()
 
-    def _flush(self) -> None:
-        """Move what h2 produced to the outbox (the writer sends it, in this order)."""
-        data = self.h2.data_to_send()
-        if data:
-            self._outbox.append(data)
-            self._writable.set()
+    def _outbox_drained(self) -> bool:
+        if self._closing:
+            self.lose(f"we closed the connection to {self.pool.where}")
+            return True
+        return False
 
     # -- the reader greenlet -----------------------------------------------------------------
 
@@ -626,7 +470,8 @@ class H2PodConnection(deadlines.Watched):
         """The reader greenlet: open the connection, then read until it ends."""
         try:
             self._open(connect_timeout)
-            self._read_frames()
+            while not self.dead:
+                self._receive()
         except _CONNECTION_ERRORS as error:
             self._fail(self._cause_of(error) if self.ready else self._handshake_cause(error, connect_timeout))
         except Exception as error:  # a bug: nobody may wait for a reader that is gone
@@ -643,16 +488,17 @@ class H2PodConnection(deadlines.Watched):
         sock.settimeout(None)
         self.sock = sock
         self.deadline = started + connect_timeout
-        deadlines.sweeper().add(self)
+        sweeper = deadlines.sweeper()
+        sweeper.add(self)
+        sweeper.add(self.writer_deadline)
         h2c = self.h2
         h2c.initiate_connection()
-        h2c.update_settings({SettingCodes.ENABLE_PUSH: 0, SettingCodes.INITIAL_WINDOW_SIZE: self.pool.stream_window})
         h2c.increment_flow_control_window(CONNECTION_WINDOW - h2c.inbound_flow_control_window)
         sock.sendall(h2c.data_to_send())
         while not self.ready:
             self._receive()
         self.deadline = 0.0
-        gevent.spawn(self._write_frames)
+        gevent.spawn(self.write_loop)
         self._ready_event.set()
 
     def _handshake_cause(self, error: BaseException, connect_timeout: float) -> _Cause:
@@ -665,35 +511,21 @@ class H2PodConnection(deadlines.Watched):
 
     def _cause_of(self, error: BaseException) -> _Cause:
         where = self.pool.where
-        if self.timed_out:
+        if self.writer_deadline.timed_out:
             return _Cause(f"{where} did not take our frames within {self.write_timeout}s")
         if isinstance(error, (h2.exceptions.ProtocolError, HyperframeError)):
             return _Cause(f"{where} broke HTTP/2: {error}", bad_response=True)
         return _Cause(f"the connection to {where} ended: {error!r}")
 
-    def _read_frames(self) -> None:
-        while not self.dead:
-            self._receive()
-
     def _receive(self) -> None:
         """One recv from the pod, through h2, dispatched. Raises what ends the connection."""
-        data = self.sock.recv(BLOCK_SIZE)
+        data = self.sock.recv(RECV_SIZE)
         if not data:
-            if self.timed_out:
+            if self.timed_out or self.writer_deadline.timed_out:
                 raise TimeoutError("deadline")
             raise EOFError("the pod closed the connection")
-        data, goaways = self._cutter.feed(data)
-        if data:
-            handlers = self._handlers
-            for event in self.h2.receive_data(data):
-                handler = handlers.get(type(event))
-                if handler is not None:
-                    handler(event)
-        # After the frames around them in the same read: a GOAWAY only says which streams
-        # (above its last-stream-id) the pod never saw, and those frames are of others.
-        for goaway in goaways:
-            self._on_goaway(goaway)
-        self._flush()  # what h2 answered (SETTINGS and PING acknowledgements, resets)
+        if not self.receive(data) and not self.dead:
+            raise EOFError("the connection was lost")
 
     def _on_data(self, event: h2.events.DataReceived) -> None:
         stream = self.streams.get(event.stream_id)
@@ -724,7 +556,7 @@ class H2PodConnection(deadlines.Watched):
     def _on_trailers(self, event: h2.events.TrailersReceived) -> None:
         stream = self.streams.get(event.stream_id)
         if stream is not None:
-            stream.on_trailers(event.headers)
+            stream.trailers = list(event.headers)
 
     def _on_stream_ended(self, event: h2.events.StreamEnded) -> None:
         stream = self.streams.get(event.stream_id)
@@ -743,7 +575,9 @@ class H2PodConnection(deadlines.Watched):
             for stream in self.streams.values():
                 stream.window_opened()
 
-    def _on_goaway(self, goaway: GoAwayFrame) -> None:
+    def _goaway_received(self, goaway: GoAwayFrame) -> None:
+        """After the frames around it in the same batch: a GOAWAY only says which streams
+        (above its last-stream-id) the pod never saw, and those frames are of others."""
         self.going_away = True
         last = goaway.last_stream_id
         message = f"{self.pool.where} sent GOAWAY (error {goaway.error_code}, last stream {last})"
@@ -760,48 +594,36 @@ class H2PodConnection(deadlines.Watched):
             return
         self.dead = True
         self._cause = cause
+        self.lose(cause.message)
+
+    def _lost(self, why: str) -> None:
+        if not self.dead:
+            self.dead = True
+            self._cause = _Cause(why)
+        cause = self._cause
+        assert cause is not None
         self.pool.forget(self)
-        deadlines.sweeper().discard(self)
+        sweeper = deadlines.sweeper()
+        sweeper.discard(self)
+        sweeper.discard(self.writer_deadline)
         if self.sock is not None:
-            self.sock.close()  # the writer, if it waits on the socket, gets an error
-        self._outbox.clear()
-        self._writable.set()
+            self.sock.close()
         self._ready_event.set()
         for stream in self.streams.values():
             stream.on_connection_lost(cause)
 
-    # -- the writer greenlet -----------------------------------------------------------------
 
-    def _write_frames(self) -> None:
-        outbox = self._outbox
-        sock = self.sock
-        while not self.dead:
-            if not outbox:
-                if self._closing:
-                    self._fail(_Cause(f"we closed the connection to {self.pool.where}"))
-                    return
-                self._writable.clear()
-                self._writable.wait()
-                continue
-            data = outbox.popleft() if len(outbox) == 1 else b"".join(outbox)
-            outbox.clear()
-            self.deadline = time.monotonic() + self.write_timeout
-            try:
-                sock.sendall(data)
-            except OSError as error:
-                self._fail(self._cause_of(error))
-                return
-            finally:
-                self.deadline = 0.0
+class _Upload:
+    """The request body of one stream, sent by its pump greenlet (see "Greenlets").
 
+    Its ``deadline`` bounds the pump's waits for the pod's window; ``expire`` wakes it."""
 
-class _Upload(_Waiter):
-    """The request body of one stream, sent by its pump greenlet (see "Greenlets")."""
-
-    __slots__ = ("stream", "body", "framing", "content_length", "stopped", "greenlet")
+    __slots__ = ("deadline", "timed_out", "stream", "body", "framing", "content_length", "stopped", "greenlet", "_wake")
 
     def __init__(self, stream: H2PodStream, body: BodySource, framing: BodyFraming, content_length: int | None) -> None:
-        super().__init__(stream.connection.sock)
+        self.deadline = 0.0
+        self.timed_out = False
+        self._wake = gevent.event.Event()
         self.stream = stream
         self.body = body
         self.framing = framing
@@ -820,11 +642,15 @@ class _Upload(_Waiter):
     def window_opened(self) -> None:
         self._wake.set()
 
+    def expire(self) -> None:
+        self.timed_out = True
+        self._wake.set()
+
     def _pump(self) -> None:
         stream = self.stream
         try:
             if self._send_body():
-                stream.upload_ended(trailer_fields(self.body.trailers))
+                stream.upload_ended(h2_trailer_fields(self.body.trailers))
         except Exception as error:  # the client's body failed (or a bug): the caller raises it
             if not self.stopped:
                 stream.upload_failed(error)
@@ -874,42 +700,31 @@ class _Upload(_Waiter):
             self._wake.clear()
             if self.stopped:
                 return 0
-            window = stream.connection.send_window(stream.stream_id)
+            window = stream.connection.window(stream.stream_id)
             if window > 0:
                 return window
             if expired and not stream.head_done:
                 raise UpstreamTimeout(f"{stream.connection.pool.where} took no request body for {timeout}s")
-            expired = self._wait(0.0 if stream.head_done else time.monotonic() + timeout)
+            expired = _wait(self, self._wake, 0.0 if stream.head_done else time.monotonic() + timeout)
 
 
-class H2PodStream(_Waiter):
+class H2PodStream(PodResponse):
     """One request's stream and, from its head on, the pod's answer (``exchange.PodResponse``).
 
     The reader greenlet fills it (``on_*``: none yields); the caller's greenlet waits on
-    it (``wait_head``, ``body``); the pump, if any, sends the request body.
+    it (``wait_head``, ``body``); the pump, if any, sends the request body. Its deadline
+    bounds the caller's waits; ``expire`` only wakes it (the socket is shared).
     """
 
     __slots__ = (
         "connection",
         "stream_id",
         "timeouts",
-        "status",
-        "reason",
-        "headers",
-        "lower_names",
-        "connection_values",
-        "framing",
-        "content_length",
-        "early",
-        "upgraded",
-        "tunnel_data",
-        "complete",
-        "trailers",
-        "head_done",
         "body_read",
         "buffered",
         "peak_buffered",
-        "_head_only",
+        "_method",
+        "_wake",
         "_interim",
         "_interims",
         "_pieces",
@@ -936,25 +751,13 @@ class H2PodStream(_Waiter):
         self.connection = connection
         self.stream_id = stream_id
         self.timeouts = timeouts
-        self.status = 0
-        self.reason = b""
-        self.headers: list[Header] = []
-        self.lower_names: list[bytes] = []
-        self.connection_values: list[bytes] = []
-        self.framing = BodyFraming.NONE
-        self.content_length: int | None = None
-        self.early = False
-        self.upgraded = False
-        self.tunnel_data = b""
-        self.complete = False  # the pod ended the stream: the whole body is here
-        self.trailers: list[Header] = []
-        self.head_done = False
         #: Some of the client's body was read (a refused stream may not be replayed then).
         self.body_read = False
         #: Body bytes received and not taken by the caller yet, and the most there ever were.
         self.buffered = 0
         self.peak_buffered = 0
-        self._head_only = method == "HEAD"
+        self._method = method
+        self._wake = gevent.event.Event()
         self._interim = interim
         self._interims: list[tuple[int, list[Header]]] = []
         self._pieces: list[bytes] = []
@@ -969,8 +772,13 @@ class H2PodStream(_Waiter):
         self._open = True
         deadlines.sweeper().add(self)
 
+    def expire(self) -> None:
+        """The deadline passed: wake the waiting greenlet. Does not yield."""
+        self.timed_out = True
+        self._wake.set()
+
     def __repr__(self) -> str:
-        return f"<H2PodStream {self.connection.pool.where} #{self.stream_id} {self.status} {self.framing.value}>"
+        return f"<H2PodStream {self.connection.pool.where} #{self.stream_id} {self.head.status} {self.framing.value}>"
 
     # -- the request body (the pump's greenlet, or open_stream) ------------------------------
 
@@ -1010,18 +818,8 @@ class H2PodStream(_Waiter):
                 self._interims.append((status, regular))
                 self._wake.set()
             return
-        self.status = status
-        self.headers = regular
-        self.lower_names = [name for name, _ in regular]
-        for name, value in regular:
-            if name == b"content-length":
-                self.content_length = int(value)  # h2 has checked it
-        if ended or self._head_only or status in _BODILESS_STATUSES or self.content_length == 0:
-            self.framing = BodyFraming.NONE
-        elif self.content_length is not None:
-            self.framing = BodyFraming.LENGTH
-        else:
-            self.framing = BodyFraming.CHUNKED
+        self.head.fill_from_h2(status, regular)
+        self.framing = response_framing(self._method, self.head, http2=True, ended=ended)
         self.head_done = True
         self._wake.set()
 
@@ -1079,8 +877,7 @@ class H2PodStream(_Waiter):
     def wait_head(self, started: float) -> None:
         """Wait for the final response head (relaying 1xx heads to ``interim``); raises the
         errors of the module docstring. ``started``: when the exchange began."""
-        total = self.timeouts.total
-        self._total_deadline = None if total is None else started + total
+        self._total_deadline = self.timeouts.total_deadline(started)
         expired = False
         while True:
             self._wake.clear()
@@ -1091,18 +888,11 @@ class H2PodStream(_Waiter):
             self._raise_failure()
             if expired:
                 raise self._head_timeout()
-            expired = self._wait(self._head_deadline())
-
-    def _head_deadline(self) -> float:
-        deadline = self._total_deadline
-        if self._sent_whole_at is not None:
-            whole = self._sent_whole_at + self.timeouts.response_start
-            deadline = whole if deadline is None else min(deadline, whole)
-        return 0.0 if deadline is None else deadline
+            expired = _wait(self, self._wake, self.timeouts.head_deadline(self._sent_whole_at, self._total_deadline))
 
     def _head_timeout(self) -> UpstreamTimeout:
         where = self.connection.pool.where
-        if self._total_deadline is not None and time.monotonic() >= self._total_deadline - deadlines.TICK:
+        if self.timeouts.ran_out(time.monotonic(), self._total_deadline, deadlines.TICK):
             return UpstreamTimeout(f"{where} did not answer within {self.timeouts.total}s")
         return UpstreamTimeout(f"{where} sent no response head within {self.timeouts.response_start}s")
 
@@ -1154,28 +944,14 @@ class H2PodStream(_Waiter):
             self._raise_failure()
             if expired:
                 raise self._cut_by_time()
-            deadline = self._body_deadline()
+            deadline = self.timeouts.body_deadline(time.monotonic(), self._total_deadline)
             if deadline is None:
                 raise self._cut_by_time()
-            expired = self._wait(deadline)
-
-    def _body_deadline(self) -> float | None:
-        """The deadline of the next wait mid-body (0: none), None if ``total`` is over."""
-        now = time.monotonic()
-        total = self._total_deadline
-        if total is not None and total <= now:
-            return None
-        idle = self.timeouts.idle
-        if idle is None:
-            return 0.0 if total is None else total
-        return now + idle if total is None else min(now + idle, total)
+            expired = _wait(self, self._wake, deadline)
 
     def _cut_by_time(self) -> UpstreamBodyError:
         self.abort()
-        total = self._total_deadline
-        if total is not None and time.monotonic() >= total - deadlines.TICK:
-            return UpstreamBodyTimeout(f"the response did not finish within {self.timeouts.total}s")
-        return UpstreamIdle(f"the pod sent nothing for {self.timeouts.idle}s mid-body")
+        return self.timeouts.body_timeout(time.monotonic(), self._total_deadline, deadlines.TICK)
 
     def close(self) -> None:
         """End the stream: reset (CANCEL) unless both sides ended it; the connection stays
@@ -1217,9 +993,3 @@ def _code_name(code: int) -> str:
         return ErrorCodes(code).name
     except ValueError:
         return f"error {code}"
-
-
-if TYPE_CHECKING:  # mypy checks that a stream is a PodResponse
-
-    def _is_a_pod_response(stream: H2PodStream) -> PodResponse:
-        return stream

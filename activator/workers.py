@@ -41,9 +41,9 @@ import gevent.subprocess
 from gevent.event import Event
 
 from .admin import make_admin_app
-from .core.config import Config
+from .core.config import Config, LimitsConfig
 from .core.status import merge_worker_statuses
-from .engine import HttpServer, Limits
+from .engine import HttpServer
 from .history import merge_histories
 from .sharing import ExchangeHub, socket_pair
 from .signals import Signals
@@ -99,7 +99,7 @@ class Supervisor:
         self.admin_server: HttpServer | None = None
         if config.admin is not None:
             self.admin_server = HttpServer(
-                listen_socket(config.admin.host, config.admin.port), make_admin_app(self), Limits()
+                listen_socket(config.admin.host, config.admin.port), make_admin_app(self), LimitsConfig()
             )
 
     # -- workers ----------------------------------------------------------------
@@ -138,8 +138,9 @@ class Supervisor:
     # -- status -----------------------------------------------------------------
 
     def _fetch(self, worker: Worker, path: str) -> tuple[int, bytes]:
-        from .core.http import BodyFraming
-        from .upstream import Timeouts, UpstreamPool
+        from .core.heads import BodyFraming
+        from .core.timeouts import Timeouts
+        from .upstream import UpstreamPool
 
         host, _, port = worker.admin_address.rpartition(":")
         pool = UpstreamPool(host, int(port), max_idle=0)
@@ -153,7 +154,7 @@ class Supervisor:
             Timeouts(2.0, 5.0, total=5.0),
         )
         try:
-            return response.status, b"".join(response.body())
+            return response.head.status, b"".join(response.body())
         finally:
             response.close()
             pool.close()

@@ -51,8 +51,8 @@ from h2.events import (
 from h2.settings import SettingCodes
 from hyperframe.frame import Frame, GoAwayFrame
 
-from activator.core.http import Header
-from activator.engine import Limits
+from activator.core.config import Http2Limits, LimitsConfig
+from activator.core.heads import Header
 from activator.http2 import H2Exchange, H2ServerConnection
 
 #: Seconds a test waits for something that should happen at once (only to turn a hang into a failure).
@@ -61,6 +61,20 @@ BOUND = 5.0
 CLIENT_CONNECTION_WINDOW = 16 * 1024 * 1024
 _FRAME_HEADER = 9
 _GOAWAY_TYPE = 0x7
+
+
+def eventually(condition: Callable[[], object], what: str) -> None:
+    """Wait (polling, bounded) until ``condition()`` is true."""
+    with gevent.Timeout(BOUND, AssertionError(f"{what} did not happen")):
+        while not condition():
+            gevent.sleep(0.01)
+
+
+def make_limits(max_streams: int | None = None, **limits: Any) -> LimitsConfig:
+    """Connection limits for a test server: ``LimitsConfig`` keys, and the HTTP/2 stream limit."""
+    if max_streams is not None:
+        limits["http2"] = Http2Limits(max_concurrent_streams=max_streams)
+    return LimitsConfig(**limits)
 
 
 def listener() -> gsocket.socket:
@@ -109,7 +123,7 @@ class H2Server:
     def __init__(
         self,
         call_app: Callable[[H2Exchange], None],
-        limits: Limits,
+        limits: LimitsConfig,
         tls: gevent.ssl.SSLContext | None = None,
         **options: Any,
     ) -> None:
@@ -203,9 +217,9 @@ class H2Client:
         self.h2.increment_flow_control_window(CLIENT_CONNECTION_WINDOW - 65535)
         self.flush()
         if handshake:
-            # Both of the server's SETTINGS frames came and were acknowledged (sent by
-            # ``flush``): the server applies its settings before our first request arrives.
-            self.until(lambda: self.settings_frames >= 2)
+            # The server's SETTINGS frame came and was acknowledged (sent by ``flush``):
+            # the server applies its limits before our first request arrives.
+            self.until(lambda: self.settings_frames >= 1)
 
     # -- sending ---------------------------------------------------------------------------
 

@@ -36,9 +36,11 @@ import pytest
 from gevent import socket as gsocket
 from h2.config import H2Configuration
 from h2.errors import ErrorCodes
-from h2_helpers import BOUND, H2Client, H2Server, Stream, listener, tls_contexts
+from h2.settings import SettingCodes
+from h2_helpers import BOUND, H2Client, H2Server, Stream, eventually, listener, make_limits, tls_contexts
 
 from activator.core import http
+from activator.core.config import LimitsConfig
 from activator.core.errors import (
     ActivatorError,
     BodyTooLarge,
@@ -49,9 +51,9 @@ from activator.core.errors import (
     UnknownHost,
     UpstreamTimeout,
 )
-from activator.core.http import BodyFraming, Header
-from activator.engine import HttpServer, Limits
-from activator.http2 import STREAM_WINDOW, H2Exchange, H2ServerConnection, header_list_size, response_fields
+from activator.core.heads import BodyFraming, Header, header_list_size
+from activator.engine import HttpServer
+from activator.http2 import STREAM_WINDOW, H2Exchange, H2ServerConnection
 
 #: Seconds after which a whole test counts as hung (each takes well under one, or two with a linger).
 TEST_BOUND = 20.0
@@ -112,7 +114,7 @@ class App:
 
     def __call__(self, exchange: H2Exchange) -> None:
         self.seen.append(exchange)
-        handler = self.routes[exchange.target.partition(b"?")[0]]
+        handler = self.routes[exchange.head.target.partition(b"?")[0]]
         try:
             handler(exchange)
         except ClientGone as error:
@@ -158,8 +160,7 @@ def start() -> Iterator[Callable[..., tuple[H2Server, App]]]:
         routes: dict[bytes, Handler], max_streams: int | None = None, tls: Any = None, **limits: Any
     ) -> tuple[H2Server, App]:
         app = App(routes)
-        options = {} if max_streams is None else {"max_streams": max_streams}
-        server = H2Server(app, Limits(**limits), tls, **options)
+        server = H2Server(app, make_limits(max_streams, **limits), tls)
         servers.append(server)
         return server, app
 
@@ -208,7 +209,7 @@ def test_header_list_size_counts_as_rfc_9113() -> None:
 def test_response_fields_are_lower_case_without_connection_specific_lines(
     given: list[Header], sent: list[Header]
 ) -> None:
-    assert response_fields(given) == sent
+    assert http.h2_response_fields(given) == sent
 
 
 # -- requests and answers --------------------------------------------------------------------
@@ -231,22 +232,22 @@ def test_get_the_head_as_the_proxy_sees_it(start: Any, clients: Any) -> None:
     answer = client.response(stream_id)
 
     exchange = app.exchange(stream_id)
-    assert (exchange.method, exchange.target, exchange.version) == ("GET", b"/path?q=1", "2")
-    assert exchange.headers == [
-        (b"host", exchange.hosts[0]),  # :authority, for a pod spoken to in HTTP/1.1
+    assert (exchange.head.method, exchange.head.target, exchange.head.version) == ("GET", b"/path?q=1", "2")
+    assert exchange.head.headers == [
+        (b"host", exchange.head.hosts[0]),  # :authority, for a pod spoken to in HTTP/1.1
         (b"x-one", b"1"),
         (b"x-activator-forwarded", b"peer a"),
         (b"x-one", b"2"),
         (b"cookie", b"c=1"),
     ]
-    assert exchange.lower_names == [b"host", b"x-one", b"x-activator-forwarded", b"x-one", b"cookie"]
-    assert exchange.hosts == [b"test.example"]
-    assert exchange.host == "test.example"
-    assert exchange.framing is BodyFraming.NONE
-    assert exchange.content_length is None
-    assert exchange.forwarded == [b"peer a"]
-    assert exchange.connection_values == []
-    assert not exchange.upgrade
+    assert exchange.head.lower_names == [b"host", b"x-one", b"x-activator-forwarded", b"x-one", b"cookie"]
+    assert exchange.head.hosts == [b"test.example"]
+    assert exchange.head.host == "test.example"
+    assert exchange.head.framing is BodyFraming.NONE
+    assert exchange.head.content_length is None
+    assert exchange.head.forwarded == [b"peer a"]
+    assert not exchange.head.connection_values
+    assert not exchange.head.upgrade
     assert exchange.client_ip == "127.0.0.1"
     assert exchange.client_ip_bytes == b"127.0.0.1"
     assert exchange.scheme_bytes == b"http"
@@ -269,7 +270,7 @@ def test_host_header_when_there_is_no_authority(start: Any, clients: Any) -> Non
     client = clients(server)
     stream_id = client.request(b"/", headers=[(b"host", b"other.example:8080")], authority=None)
     assert client.response(stream_id).status == 200
-    assert app.exchange(stream_id).host == "other.example:8080"
+    assert app.exchange(stream_id).head.host == "other.example:8080"
 
 
 def test_bodiless_answer_is_one_headers_frame(start: Any, clients: Any) -> None:
@@ -301,8 +302,8 @@ def test_post_body_arrives_whole(start: Any, clients: Any, declared: bool) -> No
 
     assert bytes(answer.data) == sha(body) + b" %d" % len(body)
     exchange = app.exchange(stream_id)
-    assert exchange.framing is (BodyFraming.LENGTH if declared else BodyFraming.CHUNKED)
-    assert exchange.content_length == (len(body) if declared else None)
+    assert exchange.head.framing is (BodyFraming.LENGTH if declared else BodyFraming.CHUNKED)
+    assert exchange.head.content_length == (len(body) if declared else None)
     assert exchange.buffered_bytes == 0
 
 
@@ -627,11 +628,9 @@ def test_own_answer_to_a_grpc_request_is_trailers_only(start: Any, clients: Any,
          400, b"bad-request"),
         ([(b":method", b"GET"), (b":scheme", b"http"), (b":path", b"/a b"), (b":authority", b"test.example")],
          400, b"bad-request"),
-        ([(b":method", b"GET"), (b":scheme", b"http"), (b":path", b"/"), (b":authority", b"test.example"),
-          (b"x(y", b"1")], 400, b"bad-request"),
     ],
     ids=["space-in-host", "userinfo", "connect", "extended-connect", "absolute-form", "asterisk-not-options",
-         "method-not-a-token", "space-in-path", "name-not-a-token"],
+         "method-not-a-token", "space-in-path"],
 )  # fmt: skip
 def test_refused_heads_are_answered_on_their_stream_and_the_connection_goes_on(
     start: Any, clients: Any, fields: list[Header], status: int, reason: bytes
@@ -649,23 +648,35 @@ def test_options_asterisk_is_a_target(start: Any, clients: Any) -> None:
     server, app = start({b"*": ok})
     client = clients(server)
     assert client.response(client.request(b"*", b"OPTIONS")).status == 200
-    assert app.seen[0].target == b"*"
+    assert app.seen[0].head.target == b"*"
 
 
 # -- limits -----------------------------------------------------------------------------------
 
 
-def test_the_header_list_limit_is_advertised_and_a_larger_block_ends_the_connection(start: Any, clients: Any) -> None:
-    server, _ = start({b"/": ok}, max_header_bytes=4096)
+def test_the_header_list_limit_is_advertised_and_a_larger_block_gets_431_on_its_stream(
+    start: Any, clients: Any
+) -> None:
+    server, app = start({b"/": ok}, max_header_bytes=4096)
     client = clients(server)
     assert client.h2.remote_settings.max_header_list_size == 4096
     assert client.h2.remote_settings.max_concurrent_streams == 256
     assert client.h2.remote_settings.initial_window_size == STREAM_WINDOW
     fits = client.request(b"/", headers=[(b"x-big", b"a" * 3000)])
     assert client.response(fits).status == 200
-    client.request(b"/", headers=[(b"x-big", b"a" * 5000)])
+    too_large = client.response(client.request(b"/", headers=[(b"x-big", b"a" * 5000)]))
+    assert (too_large.status, too_large.header(b"x-activator-reason")) == (431, b"headers-too-large")
+    assert client.response(client.request(b"/")).status == 200  # the connection goes on
+    assert len(app.seen) == 2
+
+
+def test_a_header_block_over_four_times_the_limit_ends_the_connection(start: Any, clients: Any) -> None:
+    server, app = start({b"/": ok}, max_header_bytes=4096)
+    client = clients(server)
+    client.request(b"/", headers=[(b"x-big", b"a" * 17000)])
     client.until_closed()
     assert [goaway.error_code for goaway in client.goaways] == [ErrorCodes.ENHANCE_YOUR_CALM]
+    assert app.seen == []
 
 
 def test_a_large_header_block_before_the_settings_are_acknowledged_gets_431(start: Any, clients: Any) -> None:
@@ -728,29 +739,68 @@ def test_a_connection_without_streams_for_client_timeout_is_closed_with_goaway(s
 
 def test_stream_greenlets_are_bounded_even_after_their_streams_were_reset(start: Any, clients: Any) -> None:
     release = gevent.event.Event()
-    running = gevent.event.Event()
+    running: list[int] = []
     ended: list[int] = []
     all_ended = gevent.event.Event()
 
     def stubborn(exchange: H2Exchange) -> None:  # it does not watch its client: it finds out late
-        running.set()
+        running.append(exchange.stream_id)
         release.wait()
         ended.append(exchange.stream_id)
-        if len(ended) == 2:
+        if len(ended) == 4:
             all_ended.set()
 
     server, _ = start({b"/stubborn": stubborn, b"/": ok}, max_streams=2)
     client = clients(server)
     assert client.h2.remote_settings.max_concurrent_streams == 2
-    first, second = client.request(b"/stubborn"), client.request(b"/stubborn")
-    wait_for(running)
-    client.reset(first)
-    client.reset(second)
-    refused = client.request(b"/")  # h2 counts no open stream, but two greenlets still run
+    for _ in range(2):
+        pair = client.request(b"/stubborn"), client.request(b"/stubborn")
+        eventually(lambda pair=pair: set(pair) <= set(running), "both streams running")
+        for stream_id in pair:
+            client.reset(stream_id)
+    # Reset streams are closed (RFC 9113 5.1.2 counts none open), but four greenlets
+    # still run: twice the stream limit, the most a connection may keep.
+    refused = client.request(b"/")
     assert client.response(refused).reset == ErrorCodes.REFUSED_STREAM
     release.set()
     wait_for(all_ended)
     assert client.response(client.request(b"/")).status == 200
+
+
+def test_streams_over_the_limit_are_refused_one_by_one_and_the_connection_goes_on(start: Any, clients: Any) -> None:
+    release = gevent.event.Event()
+
+    def held(exchange: H2Exchange) -> None:
+        release.wait()
+        respond(exchange, b"held")
+
+    server, app = start({b"/held": held, b"/": ok}, max_streams=2)
+    client = clients(server)
+    # This client ignores the limit it was told.
+    client.h2.remote_settings[SettingCodes.MAX_CONCURRENT_STREAMS] = 100
+    client.h2.remote_settings.acknowledge()
+    streams = [client.request(b"/held"), client.request(b"/held")]
+    eventually(lambda: len(app.seen) == 2, "both streams running")
+    assert [client.response(client.request(b"/")).reset for _ in range(3)] == [ErrorCodes.REFUSED_STREAM] * 3
+    release.set()
+    assert [bytes(client.response(stream_id).data) for stream_id in streams] == [b"held", b"held"]
+    assert client.response(client.request(b"/")).status == 200
+    assert not client.goaways
+
+
+def test_a_first_flight_over_the_limit_is_taken_up_to_twice_the_limit(start: Any, clients: Any) -> None:
+    release = gevent.event.Event()
+
+    def held(exchange: H2Exchange) -> None:
+        release.wait()
+        respond(exchange, b"held")
+
+    server, _ = start({b"/held": held}, max_streams=2)
+    client = clients(server, handshake=False)  # its streams go out before it knows the limit
+    streams = [client.request(b"/held") for _ in range(5)]
+    assert client.response(streams[4]).reset == ErrorCodes.REFUSED_STREAM
+    release.set()
+    assert [bytes(client.response(stream_id).data) for stream_id in streams[:4]] == [b"held"] * 4
 
 
 # -- the end of a connection ----------------------------------------------------------------------
@@ -781,16 +831,36 @@ def test_protocol_error_gets_goaway_with_h2s_code_and_the_connection_closes(
     assert all(greenlet.successful() for greenlet in server.serving)
 
 
-def test_a_malformed_header_block_is_a_protocol_error(start: Any, clients: Any) -> None:
+@pytest.mark.parametrize(
+    "fields",
+    [
+        [(b":method", b"GET"), (b":scheme", b"http"), (b":path", b"/"), (b"X-Upper", b"1")],
+        [(b":method", b"GET"), (b":scheme", b"http"), (b":path", b"/"), (b"x(y", b"1")],
+        [(b":method", b"GET"), (b":scheme", b"http"), (b":path", b"/"), (b"x-space", b"1 ")],
+        [(b":method", b"GET"), (b":scheme", b"http"), (b":path", b"/"), (b"connection", b"close")],
+        [(b":method", b"GET"), (b":scheme", b"http"), (b":path", b"/"), (b"te", b"gzip")],
+        [(b":method", b"GET"), (b":scheme", b"http"), (b"x-a", b"1"), (b":path", b"/")],
+        [(b":method", b"GET"), (b":method", b"GET"), (b":scheme", b"http"), (b":path", b"/")],
+        [(b":method", b"GET"), (b":scheme", b"http"), (b":path", b"/"), (b":status", b"200")],
+        [(b":method", b"GET"), (b":scheme", b"http"), (b":path", b"")],
+        [(b":method", b"GET"), (b":path", b"/")],
+    ],
+    ids=["upper-case-name", "name-not-a-token", "value-with-trailing-space", "connection-specific", "te-not-trailers",
+         "pseudo-after-regular", "repeated-pseudo", "response-pseudo", "empty-path", "no-scheme"],
+)  # fmt: skip
+def test_a_malformed_request_resets_its_stream_and_the_connection_goes_on(
+    start: Any, clients: Any, fields: list[Header]
+) -> None:
     server, app = start({b"/": ok})
     sloppy = H2Configuration(
         client_side=True, header_encoding=None, validate_outbound_headers=False, normalize_outbound_headers=False
     )
     client = clients(server, config=sloppy)
-    client.raw_request([(b":method", b"GET"), (b":scheme", b"http"), (b":path", b"/"), (b"X-Upper", b"1")])
-    client.until_closed()
-    assert [goaway.error_code for goaway in client.goaways] == [ErrorCodes.PROTOCOL_ERROR]
+    malformed = client.response(client.raw_request(fields))
+    assert malformed.reset == ErrorCodes.PROTOCOL_ERROR and malformed.headers is None
     assert app.seen == []
+    assert client.response(client.request(b"/")).status == 200
+    assert not client.goaways
 
 
 def test_stop_sends_goaway_refuses_new_streams_and_finishes_the_others(start: Any, clients: Any) -> None:
@@ -867,7 +937,7 @@ def test_a_bug_that_escapes_the_application_is_logged_once_and_resets_only_its_s
 
 def echo_request(exchange: H2Exchange) -> None:
     body = read_all(exchange)
-    respond(exchange, b"%s %s %s" % (exchange.method.encode(), exchange.target, body))
+    respond(exchange, b"%s %s %s" % (exchange.head.method.encode(), exchange.head.target, body))
 
 
 def test_curl_with_prior_knowledge(start: Any) -> None:
@@ -889,7 +959,7 @@ def test_curl_with_prior_knowledge(start: Any) -> None:
         assert result.returncode == 0, result.stderr
         outputs.append(result.stdout)
     assert outputs == [b"GET /one?a=1  [2 200]", b"POST /two posted [2 200]"]
-    assert [(exchange.version, exchange.framing) for exchange in app.seen] == [
+    assert [(exchange.head.version, exchange.head.framing) for exchange in app.seen] == [
         ("2", BodyFraming.NONE),
         ("2", BodyFraming.LENGTH),
     ]
@@ -914,7 +984,7 @@ def test_nghttp_multiplexes_streams_on_one_connection(start: Any) -> None:
         (b"/two", b"200"),
     ]
     assert len(server.connections) == 1
-    assert sorted(exchange.target for exchange in app.seen) == [b"/one", b"/three", b"/two"]
+    assert sorted(exchange.head.target for exchange in app.seen) == [b"/one", b"/three", b"/two"]
 
 
 def test_a_grpc_client_gets_trailers_and_own_answers_as_statuses(start: Any) -> None:
@@ -947,8 +1017,8 @@ def test_a_grpc_client_gets_trailers_and_own_answers_as_statuses(start: Any) -> 
     assert code == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert details == "503 queue-full"
     assert reason == "queue-full"
-    assert http.is_grpc(app.seen[0].content_type)
-    assert app.seen[0].grpc_timeout is not None
+    assert http.is_grpc(app.seen[0].head.content_type)
+    assert app.seen[0].head.grpc_timeout is not None
 
 
 def test_the_engine_hands_h2c_connections_to_http2(clients: Any) -> None:
@@ -963,7 +1033,7 @@ def test_the_engine_hands_h2c_connections_to_http2(clients: Any) -> None:
 
     sock = listener()
     sock.setblocking(False)
-    engine = HttpServer(sock, wsgi, Limits())
+    engine = HttpServer(sock, wsgi, LimitsConfig())
     engine.start()
     try:
         client = H2Client(engine.address)
@@ -984,7 +1054,7 @@ def test_a_connection_is_served_the_same_when_given_directly(clients: Any) -> No
 
     def accept() -> None:
         conn, _ = sock.accept()
-        served.append(gevent.spawn(H2ServerConnection(conn, "127.0.0.1", Limits(), "https", app).serve))
+        served.append(gevent.spawn(H2ServerConnection(conn, "127.0.0.1", LimitsConfig(), "https", app).serve))
 
     acceptor = gevent.spawn(accept)
     client = H2Client(sock.getsockname())

@@ -48,20 +48,20 @@ from activator.core.errors import (
     ClientGone,
     ClientTimeout,
     UpstreamBadResponse,
+    UpstreamBodyError,
+    UpstreamBodyTimeout,
     UpstreamConnectError,
+    UpstreamIdle,
     UpstreamTimeout,
 )
 from activator.core.failures import CONNECT_RETRIES, FailureKind, may_retry_elsewhere
-from activator.core.http import BodyFraming, Header
+from activator.core.heads import BodyFraming, Header
+from activator.core.timeouts import Timeouts
+from activator.exchange import InterimCallback
 from activator.upstream import (
     BLOCK_SIZE,
     MAX_POD_FIELD_BYTES,
-    InterimCallback,
     PodConnection,
-    Timeouts,
-    UpstreamBodyError,
-    UpstreamBodyTimeout,
-    UpstreamIdle,
     UpstreamPool,
 )
 
@@ -311,10 +311,10 @@ def may_go_elsewhere(error: UpstreamConnectError) -> bool:
 def test_keep_alive_reuses_one_connection(backend: WsgiBackend, pool: UpstreamPool) -> None:
     for _ in range(5):
         response, data = fetch(pool, target=b"/bytes/100")
-        assert (response.status, response.reason) == (200, b"OK")
-        assert (response.framing, response.content_length) == (BodyFraming.LENGTH, 100)
+        assert (response.head.status, response.head.reason) == (200, b"OK")
+        assert (response.framing, response.head.content_length) == (BodyFraming.LENGTH, 100)
         assert data == pattern(100)
-        assert (b"X-Kind", b"bytes") in response.headers
+        assert (b"X-Kind", b"bytes") in response.head.headers
     assert backend.connections == 1
     assert pool.idle_count == 1
 
@@ -388,7 +388,7 @@ def test_reuse_rules(raw: RawFactory, response: bytes, reusable: bool, writes: s
         answer, data = fetch(pool)
     except UpstreamBadResponse as error:
         pytest.fail(f"a complete answer was refused for the bytes after it: {error}")
-    assert (answer.status, answer.reason) == (200, b"OK")
+    assert (answer.head.status, answer.head.reason) == (200, b"OK")
     assert (data, list(answer.trailers)) == (b"ok", []), "what follows this response is no part of it"
     assert pool.idle_count == (1 if reusable else 0)
     fetch(pool)
@@ -415,10 +415,10 @@ def test_close_without_reading_a_bodyless_response_keeps_the_connection(
 
 def test_head_204_304_have_no_body_and_reuse(backend: WsgiBackend, pool: UpstreamPool) -> None:
     response, data = fetch(pool, "HEAD", b"/bytes/5000")
-    assert (response.status, data, response.content_length) == (200, b"", 5000)
+    assert (response.head.status, data, response.head.content_length) == (200, b"", 5000)
     for status in (204, 304):
         response, data = fetch(pool, target=b"/status/%d" % status)
-        assert (response.status, data) == (status, b"")
+        assert (response.head.status, data) == (status, b"")
     _, data = fetch(pool, target=b"/bytes/10")
     assert data == pattern(10)
     assert backend.connections == 1
@@ -446,11 +446,11 @@ def test_head_answer_completes_at_once_and_the_connection_serves_the_next_reques
     pod, pool = raw(answer_every_request(HEAD_ANSWER, GET_ANSWER))
     response = send(pool, "HEAD")
     assert response.complete, "a HEAD answer has no body to wait for"
-    assert (response.status, response.content_length, response.framing) == (200, 100, BodyFraming.NONE)
+    assert (response.head.status, response.head.content_length, response.framing) == (200, 100, BodyFraming.NONE)
     assert read_to_end(response) == b""
     assert pool.idle_count == 1
     answer, data = fetch(pool)
-    assert (answer.status, answer.content_length, data) == (200, 3, b"abc")
+    assert (answer.head.status, answer.head.content_length, data) == (200, 3, b"abc")
     assert pod.accepted == 1
 
 
@@ -509,11 +509,11 @@ def test_repeated_header_lines_stay_separate_and_in_order(raw: RawFactory) -> No
     head = b"HTTP/1.1 200 All Good\r\n" + b"".join(b"%s: %s\r\n" % line for line in lines) + b"\r\n"
     _, pool = raw(answer_every_request(head + b"ok"))
     response, data = fetch(pool)
-    assert (response.status, response.reason, data) == (200, b"All Good", b"ok")
-    assert response.headers == lines
-    assert response.lower_names == [name.lower() for name, _ in lines]
-    assert response.connection_values == [b"keep-alive"]
-    assert response.content_length == 2
+    assert (response.head.status, response.head.reason, data) == (200, b"All Good", b"ok")
+    assert response.head.headers == lines
+    assert response.head.lower_names == [name.lower() for name, _ in lines]
+    assert response.head.connection_values == [b"keep-alive"]
+    assert response.head.content_length == 2
 
 
 def test_head_trickled_in_small_pieces(raw: RawFactory) -> None:
@@ -529,9 +529,9 @@ def test_head_trickled_in_small_pieces(raw: RawFactory) -> None:
     pod, pool = raw(handler)
     for _ in range(2):
         response, data = fetch(pool)
-        assert response.reason == b"Fine Thanks"
-        assert response.headers[0] == (b"X-Long-Header-Name", b"a fairly long value, with commas")
-        assert (response.content_length, data) == (5, b"hello")
+        assert response.head.reason == b"Fine Thanks"
+        assert response.head.headers[0] == (b"X-Long-Header-Name", b"a fairly long value, with commas")
+        assert (response.head.content_length, data) == (5, b"hello")
     assert pod.accepted == 1
 
 
@@ -571,8 +571,10 @@ def test_interim_answers_reach_the_callback_in_order_and_100_is_dropped(
     body = BufferedBody(b"abc") if method == "POST" else None
     response, data = fetch(pool, method, b"/", body, length=None if body is None else 3, interim=interim)
     assert calls == seen
-    assert (response.status, response.reason) == (200, b"OK")
-    assert response.headers == [(b"Content-Length", b"2"), (b"X-Final", b"yes")], "no interim line in the final head"
+    assert (response.head.status, response.head.reason) == (200, b"OK")
+    assert response.head.headers == [(b"Content-Length", b"2"), (b"X-Final", b"yes")], (
+        "no interim line in the final head"
+    )
     assert data == (b"" if method == "HEAD" else b"ok")
     assert pool.idle_count == 1
     fetch(pool, method)
@@ -604,7 +606,7 @@ def test_an_interim_answer_during_the_upload_loses_no_body_bytes(raw: RawFactory
         arrived = got.get(timeout=BOUND)
         pytest.fail(f"the pod got {len(arrived)} of the {len(upload)} body bytes: bytes were lost after its 102")
     assert got.get(timeout=BOUND) == upload
-    assert response.status == 200
+    assert response.head.status == 200
     assert calls == [(102, b"Processing", [])]
 
 
@@ -624,7 +626,7 @@ def test_trailers_of_a_chunked_response_are_kept_after_the_body(raw: RawFactory,
     response, data = fetch(pool)
     assert (response.framing, data) == (BodyFraming.CHUNKED, b"wikipedia")
     assert response.trailers == [(b"X-Checksum", b"abc"), (b"X-Second", b"2")]
-    assert response.headers == [(b"Transfer-Encoding", b"chunked"), (b"Trailer", b"X-Checksum")]
+    assert response.head.headers == [(b"Transfer-Encoding", b"chunked"), (b"Trailer", b"X-Checksum")]
     assert pool.idle_count == 1
 
 
@@ -658,7 +660,7 @@ def test_response_delimited_by_close_streams_until_eof_and_is_not_pooled(raw: Ra
     for _ in range(2):
         first_piece_read.clear()
         response = send(pool)
-        assert (response.status, response.framing, response.content_length) == (200, BodyFraming.CLOSE, None)
+        assert (response.head.status, response.framing, response.head.content_length) == (200, BodyFraming.CLOSE, None)
         pieces = []
         for piece in response.body():
             pieces.append(piece)
@@ -678,7 +680,7 @@ def test_a_101_hands_over_the_socket_with_the_bytes_after_its_head(raw: RawFacto
 
     _, pool = raw(handler)
     response = send(pool, headers=[*host_line(pool.port), (b"Upgrade", b"echo"), (b"Connection", b"Upgrade")])
-    assert (response.status, response.upgraded, response.tunnel_data) == (101, True, b"hello")
+    assert (response.head.status, response.upgraded, response.tunnel_data) == (101, True, b"hello")
     tunnel = response.detach()
     try:
         tunnel.sendall(b"spliced")
@@ -716,13 +718,13 @@ def test_a_response_cut_anywhere_reads_the_same(raw: RawFactory, method: str) ->
         calls, interim = recorded()
         response, data = fetch(pool, method, interim=interim)
         assert calls == [EARLY_HINTS_SEEN]
-        assert (response.status, response.reason) == (200, b"All Good")
-        assert response.headers[:3] == [(b"Server", b"x"), (b"X-Empty", b""), (b"Set-Cookie", b"a=1")]
+        assert (response.head.status, response.head.reason) == (200, b"All Good")
+        assert response.head.headers[:3] == [(b"Server", b"x"), (b"X-Empty", b""), (b"Set-Cookie", b"a=1")]
         if method == "GET":
-            assert response.headers[3:] == [(b"Transfer-Encoding", b"chunked"), (b"Set-Cookie", b"b=2")]
+            assert response.head.headers[3:] == [(b"Transfer-Encoding", b"chunked"), (b"Set-Cookie", b"b=2")]
             assert (data, response.trailers) == (b"wikipedia", [(b"X-Trailer", b"t")])
         else:
-            assert (data, response.content_length) == (b"", 100)
+            assert (data, response.head.content_length) == (b"", 100)
         assert pool.idle_count == 1
 
     check()
@@ -735,7 +737,7 @@ def test_a_response_cut_anywhere_reads_the_same(raw: RawFactory, method: str) ->
 def test_download_4mib_is_streamed_in_pieces(backend: WsgiBackend, pool: UpstreamPool) -> None:
     size = 4 * MiB + 3
     response = send(pool, target=b"/bytes/%d" % size)
-    assert response.content_length == size
+    assert response.head.content_length == size
     digest = hashlib.sha256()
     pieces = 0
     for piece in response.body():
@@ -750,7 +752,7 @@ def test_download_4mib_is_streamed_in_pieces(backend: WsgiBackend, pool: Upstrea
 
 def test_slow_chunked_response_is_streamed_chunk_by_chunk(backend: WsgiBackend, pool: UpstreamPool) -> None:
     response = send(pool, target=b"/slow")
-    assert (response.framing, response.content_length) == (BodyFraming.CHUNKED, None)
+    assert (response.framing, response.head.content_length) == (BodyFraming.CHUNKED, None)
     got = []
     for piece in response.body():
         got.append(piece)
@@ -812,7 +814,7 @@ def test_upload_is_streamed_as_the_client_sends_it(
     socket_body.send_all_then_end(second).join(BOUND)
     response, _ = exchange.get(timeout=BOUND)
     assert got.get(timeout=BOUND) == first + second
-    assert response.status == 200
+    assert response.head.status == 200
 
 
 def test_empty_bodies(backend: WsgiBackend, pool: UpstreamPool) -> None:
@@ -878,7 +880,7 @@ def test_an_early_answer_stops_the_upload(raw: RawFactory, then: str, framing: B
     pod, pool = raw(handler)
     length = len(LARGE) if framing is BodyFraming.LENGTH else None
     response = send(pool, "POST", b"/", BufferedBody(LARGE), length=length)
-    assert (response.status, response.early) == (413, True)
+    assert (response.head.status, response.early) == (413, True)
     assert read_to_end(response) == b"too large"
     assert pool.idle_count == 0, "a request not sent whole leaves its connection out of the pool"
     assert bytes_until_closed(received) < len(LARGE), "the rest of the body was not sent"

@@ -11,8 +11,8 @@ the pod's window); every way a pod can fail (refused connection, no SETTINGS, no
 HTTP/2, streams reset or refused, the connection closed mid-stream, GOAWAY, a response
 h2 refuses, a malformed ``:status``) with the error kinds the proxy's retry rule needs;
 the deadlines (``connect``, ``response_start`` from the end of the upload, ``idle``,
-``total``); the client's body failing; the pump stopped when the response ends; and the
-GOAWAY cutter on every split of its input.
+``total``); the client's body failing; and the pump stopped when the response ends (the
+driver's frame scanner, which takes the GOAWAY frames out, is ``test_h2wire.py``'s).
 
 How: ``h2_pod.H2Pod`` is an HTTP/2 server written with h2 (server side) on gevent
 sockets, in this process, recording what it received; the grpcio server
@@ -37,18 +37,24 @@ import gevent.queue
 import pytest
 from gevent import socket as gsocket
 from h2.errors import ErrorCodes
+from h2_helpers import eventually
 from h2_pod import H2Pod, PodRequest
-from hyperframe.frame import DataFrame, GoAwayFrame, PingFrame
-from hypothesis import given, settings
-from hypothesis import strategies as st
 from upstream_backend import RawBackend, pattern
 
-from activator.core.errors import ClientGone, UpstreamBadResponse, UpstreamConnectError, UpstreamTimeout
+from activator.core.errors import (
+    ClientGone,
+    UpstreamBadResponse,
+    UpstreamBodyError,
+    UpstreamBodyTimeout,
+    UpstreamConnectError,
+    UpstreamIdle,
+    UpstreamTimeout,
+)
 from activator.core.failures import CONNECT_RETRIES, may_retry_elsewhere
-from activator.core.http import BodyFraming, Header
+from activator.core.heads import BodyFraming, Header
+from activator.core.timeouts import Timeouts
 from activator.exchange import InterimCallback
-from activator.upstream import Timeouts, UpstreamBodyError, UpstreamBodyTimeout, UpstreamIdle
-from activator.upstream_h2 import CONNECTION_ATTEMPTS, GoawayCutter, H2PodPool, H2PodStream
+from activator.upstream_h2 import CONNECTION_ATTEMPTS, H2PodPool, H2PodStream
 
 MiB = 1024 * 1024
 #: Generous: no test here expects a connect or a response head to take long.
@@ -210,13 +216,6 @@ def fetch(*args: Any, **kwargs: Any) -> tuple[H2PodStream, bytes]:
     return response, read_to_end(response)
 
 
-def eventually(condition: Callable[[], object], what: str) -> None:
-    """Wait (polling, bounded) until ``condition()`` is true."""
-    with gevent.Timeout(BOUND, AssertionError(f"{what} did not happen")):
-        while not condition():
-            gevent.sleep(0.01)
-
-
 def attempt(function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """``function(*args, **kwargs)``, or the exception it raised (for a greenlet expected to fail)."""
     try:
@@ -307,7 +306,7 @@ def test_a_streamed_body_arrives_whole_with_its_trailers(h2pod: PodFactory) -> N
     body = QueueBody(*[data[i : i + 100_000] for i in range(0, len(data), 100_000)])
     body.end(trailers=[(b"X-Checksum", b"abc"), (b"Connection", b"close"), (b"TE", b"gzip")])
     response, _ = fetch(pool, "POST", b"/upload", body)
-    assert response.status == 200
+    assert response.head.status == 200
     assert hashlib.sha256(received[0]).digest() == hashlib.sha256(data).digest()
     (request,) = pod.requests
     assert request.header(b"content-length") is None
@@ -324,7 +323,7 @@ def test_one_connection_carries_every_request_in_turn(h2pod: PodFactory) -> None
     pod, pool = h2pod(answer(body=b"ok"))
     for _ in range(5):
         response, data = fetch(pool)
-        assert (response.status, data) == (200, b"ok")
+        assert (response.head.status, data) == (200, b"ok")
     assert len(pod.connections) == 1
     assert [request.stream_id for request in pod.requests] == [1, 3, 5, 7, 9]
     assert (pool.connection_count, pool.idle_count, pool.stream_count) == (1, 1, 0)
@@ -358,13 +357,13 @@ def test_response_framing(
 ) -> None:
     _, pool = h2pod(answer(status, [*headers, (b"x-kind", b"test")], body, trailers))
     response, data = fetch(pool, method)
-    assert (response.status, response.reason) == (status, b"")
-    assert (response.framing, response.content_length) == (framing, length)
-    assert response.headers == [*headers, (b"x-kind", b"test")]
-    assert response.lower_names == [name for name, _ in response.headers]
-    assert (response.connection_values, response.early, response.upgraded) == ([], False, False)
+    assert (response.head.status, response.head.reason) == (status, b"")
+    assert (response.framing, response.head.content_length) == (framing, length)
+    assert response.head.headers == [*headers, (b"x-kind", b"test")]
+    assert response.head.lower_names == [name for name, _ in response.head.headers]
+    assert (tuple(response.head.connection_values), response.early, response.upgraded) == ((), False, False)
     assert data == body
-    assert response.trailers == (trailers or [])
+    assert list(response.trailers) == (trailers or [])
 
 
 def test_interim_heads_go_to_the_callback_and_100_is_dropped(h2pod: PodFactory) -> None:
@@ -378,7 +377,7 @@ def test_interim_heads_go_to_the_callback_and_100_is_dropped(h2pod: PodFactory) 
     interims: list[tuple[int, bytes, list[Header]]] = []
     response, data = fetch(pool, interim=lambda *args: interims.append(args))
     assert interims == [(103, b"", [(b"link", b"</style.css>; rel=preload")])]
-    assert (response.status, data) == (200, b"ok")
+    assert (response.head.status, data) == (200, b"ok")
 
 
 def test_a_stream_never_tunnels(h2pod: PodFactory) -> None:
@@ -427,8 +426,8 @@ def grpc_unary(pool: H2PodPool, method: str, message: bytes) -> tuple[H2PodStrea
 
 def test_grpc_unary_call_with_its_status_trailer(grpc_pool: H2PodPool) -> None:
     response, messages = grpc_unary(grpc_pool, "Unary", b"hello")
-    assert response.status == 200
-    assert (b"content-type", b"application/grpc") in response.headers
+    assert response.head.status == 200
+    assert (b"content-type", b"application/grpc") in response.head.headers
     assert response.framing is BodyFraming.CHUNKED
     assert messages == [b"hello"]
     assert (b"grpc-status", b"0") in response.trailers
@@ -436,9 +435,9 @@ def test_grpc_unary_call_with_its_status_trailer(grpc_pool: H2PodPool) -> None:
 
 def test_grpc_error_is_a_trailers_only_answer(grpc_pool: H2PodPool) -> None:
     response, messages = grpc_unary(grpc_pool, "Fail", b"x")
-    assert (response.status, response.framing, response.complete) == (200, BodyFraming.NONE, True)
-    assert (b"grpc-status", b"3") in response.headers
-    assert (b"grpc-message", b"refused on purpose") in response.headers
+    assert (response.head.status, response.framing, response.complete) == (200, BodyFraming.NONE, True)
+    assert (b"grpc-status", b"3") in response.head.headers
+    assert (b"grpc-message", b"refused on purpose") in response.head.headers
     assert messages == []
 
 
@@ -545,7 +544,7 @@ def test_a_second_connection_only_past_the_pods_stream_limit(h2pod: PodFactory) 
     eventually(lambda: pool.connection_count == 1, "one connection closing after the burst")
     eventually(lambda: [c.closed.is_set() for c in pod.connections].count(True) == 1, "the pod seeing it close")
     assert [c.goaway_received for c in pod.connections].count(True) == 1
-    assert fetch(pool, target=b"/first")[0].status == 200 and len(pod.connections) == 2
+    assert fetch(pool, target=b"/first")[0].head.status == 200 and len(pod.connections) == 2
 
 
 # -- flow control ----------------------------------------------------------------------------------
@@ -747,7 +746,7 @@ def test_a_connection_closed_mid_stream_fails_each_stream_its_way(h2pod: PodFact
     error = connect_error(uploading)
     assert (error.connected, error.body_read) == (True, True)
     response, _ = fetch(pool, target=b"/ok")
-    assert response.status == 200 and len(pod.connections) == 2
+    assert response.head.status == 200 and len(pod.connections) == 2
 
 
 def test_goaway_sends_new_streams_elsewhere_and_lets_earlier_ones_finish(h2pod: PodFactory) -> None:
@@ -804,7 +803,7 @@ def test_a_malformed_status_is_a_bad_response(h2pod: PodFactory) -> None:
     with pytest.raises(UpstreamBadResponse, match=":status"):
         send(pool, target=b"/bad")
     eventually(lambda: resets_of(pod) == [(1, ErrorCodes.PROTOCOL_ERROR)], "the pod seeing the stream reset")
-    assert fetch(pool)[0].status == 200
+    assert fetch(pool)[0].head.status == 200
     assert len(pod.connections) == 1, "the connection goes on"
 
 
@@ -816,7 +815,7 @@ def test_no_head_within_response_start_is_a_timeout_and_the_connection_stays(h2p
     with pytest.raises(UpstreamTimeout, match="no response head"):
         send(pool, target=b"/silent", timeouts=Timeouts(connect=2.0, response_start=0.3))
     eventually(lambda: resets_of(pod) == [(1, ErrorCodes.CANCEL)], "the pod seeing the stream cancelled")
-    assert fetch(pool, target=b"/ok")[0].status == 200
+    assert fetch(pool, target=b"/ok")[0].head.status == 200
     assert len(pod.connections) == 1
 
 
@@ -833,7 +832,7 @@ def test_response_start_runs_from_the_end_of_the_upload(h2pod: PodFactory) -> No
     client = gevent.spawn(slow_client)
     response, data = fetch(pool, "POST", b"/", body, timeouts=Timeouts(connect=2.0, response_start=0.5))
     client.get()
-    assert (response.status, data) == (200, b"done")
+    assert (response.head.status, data) == (200, b"done")
 
 
 def test_total_bounds_the_wait_for_the_head_while_the_body_streams(h2pod: PodFactory) -> None:
@@ -939,40 +938,3 @@ def test_abort_cancels_the_stream_and_the_connection_stays(h2pod: PodFactory) ->
     eventually(lambda: resets_of(pod) == [(1, ErrorCodes.CANCEL)], "the pod seeing the stream cancelled")
     assert fetch(pool)[1] == pattern(MiB)
     assert len(pod.connections) == 1
-
-
-# -- the GOAWAY cutter -------------------------------------------------------------------------------
-
-frames = st.lists(
-    st.one_of(
-        st.builds(lambda n, data: DataFrame(n * 2 + 1, data=data), st.integers(0, 100), st.binary(max_size=40)),
-        st.builds(lambda data: PingFrame(0, opaque_data=data), st.binary(min_size=8, max_size=8)),
-        st.builds(
-            lambda last, code, extra: GoAwayFrame(0, last_stream_id=last, error_code=code, additional_data=extra),
-            st.integers(0, 2**31 - 1),
-            st.integers(0, 13),
-            st.binary(max_size=20),
-        ),
-    ),
-    max_size=12,
-)
-
-
-@settings(max_examples=300, deadline=None)
-@given(frames, st.lists(st.integers(0, 10_000), max_size=10))
-def test_the_cutter_takes_out_exactly_the_goaways(frames_sent: list[Any], cuts: list[int]) -> None:
-    wire = b"".join(frame.serialize() for frame in frames_sent)
-    cutter = GoawayCutter()
-    passed = b""
-    goaways = []
-    start = 0
-    for end in [*sorted({cut % (len(wire) + 1) for cut in cuts}), len(wire)]:
-        data, found = cutter.feed(wire[start:end])
-        passed += data
-        goaways += found
-        start = end
-    expected = [f for f in frames_sent if isinstance(f, GoAwayFrame)]
-    assert passed == b"".join(f.serialize() for f in frames_sent if not isinstance(f, GoAwayFrame))
-    assert [(g.last_stream_id, g.error_code, g.additional_data) for g in goaways] == [
-        (g.last_stream_id, g.error_code, g.additional_data) for g in expected
-    ]

@@ -31,6 +31,7 @@ from dataclasses import Field, dataclass, field, fields, is_dataclass
 from typing import Any, TypeVar
 
 from activator.core.errors import ConfigError
+from activator.core.h2budgets import H2Budgets
 
 LB_POLICIES = ("auto", "first-available", "round-robin", "least-in-flight")
 _OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
@@ -82,8 +83,21 @@ class ServiceConfig:
     lb_policy: str = "auto"
     drain_timeout: float = 3600.0
     protocol: str = "http1"  # how the pods are spoken to: http1 | h2c
+    # A client that leaves while its request runs on an HTTP/1.1 pod: the pod finishes
+    # ("finish", the slot held until its answer) or its connection is closed ("cancel").
+    client_gone: str = "finish"
     probe: ProbeConfig | None = None
     pods: tuple[PodConfig, ...] = ()
+
+
+@dataclass(frozen=True)
+class Http2Limits:
+    """What one HTTP/2 client connection may hold and cost (``limits.http2``)."""
+
+    max_concurrent_streams: int = 256
+    # The share of a service's queue_depth one connection's streams may hold.
+    max_queue_share: float = 0.5
+    budgets: H2Budgets = field(default_factory=H2Budgets)
 
 
 @dataclass(frozen=True)
@@ -92,6 +106,7 @@ class LimitsConfig:
     client_timeout: float = 60.0
     max_header_bytes: int = 65536
     max_body_bytes: int | None = None
+    http2: Http2Limits = field(default_factory=Http2Limits)
 
 
 @dataclass(frozen=True)
@@ -170,7 +185,11 @@ _LIMITS_KEYS = (
     "client_timeout",
     "max_header_bytes",
     "max_body_bytes",
+    "http2",
 )
+_HTTP2_KEYS = ("max_concurrent_streams", "max_queue_share", "budgets")
+_BUDGET_KEYS = tuple(f.name for f in fields(H2Budgets))
+CLIENT_GONE = ("finish", "cancel")
 _STATSD_KEYS = ("address", "prefix", "tags")
 _ACTIVATORS_KEYS = ("self", "peers", "secret", "secret_file", "interval", "timeout", "unhealthy_after")
 _SERVICE_KEYS = (
@@ -185,6 +204,7 @@ _SERVICE_KEYS = (
     "lb_policy",
     "drain_timeout",
     "protocol",
+    "client_gone",
     "probe",
     "pods",
 )
@@ -484,7 +504,37 @@ class _Parser:
             client_timeout=m.duration("client_timeout", d.client_timeout, positive=True),
             max_header_bytes=m.integer("max_header_bytes", d.max_header_bytes, minimum=1),
             max_body_bytes=m.optional("max_body_bytes", lambda v, p: self.integer(v, p, 0)),
+            http2=self.http2(m.get("http2"), m.path("http2")) if m.has("http2") else d.http2,
         )
+
+    def http2(self, value: object, path: KeyPath) -> Http2Limits:
+        m = self.section(value, path, _HTTP2_KEYS)
+        d = Http2Limits()
+        share = d.max_queue_share
+        if m.has("max_queue_share"):
+            share = self.share(m.get("max_queue_share"), m.path("max_queue_share"))
+        budgets = d.budgets
+        if m.has("budgets"):
+            b = self.section(m.get("budgets"), m.path("budgets"), _BUDGET_KEYS)
+            budgets = H2Budgets(
+                window=b.duration("window", budgets.window, positive=True),
+                **{
+                    name: b.integer(name, getattr(budgets, name), minimum=1)
+                    for name in _BUDGET_KEYS
+                    if name != "window"
+                },
+            )
+        return Http2Limits(
+            max_concurrent_streams=m.integer("max_concurrent_streams", d.max_concurrent_streams, minimum=1),
+            max_queue_share=share,
+            budgets=budgets,
+        )
+
+    def share(self, value: object, path: KeyPath) -> float:
+        """A share of something: a number above 0 and at most 1."""
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+            raise self.fail(path, f"must be a number above 0 and at most 1, got {_describe_value(value)}")
+        return float(value)
 
     def statsd(self, value: object, path: KeyPath) -> StatsdConfig:
         m = self.section(value, path, _STATSD_KEYS)
@@ -616,6 +666,7 @@ class _Parser:
             lb_policy=lb_policy,
             drain_timeout=m.duration("drain_timeout", d.drain_timeout),
             protocol=self.protocol(m),
+            client_gone=self.choice(m, "client_gone", CLIENT_GONE, d.client_gone),
             probe=m.optional("probe", self.probe),
             pods=self.pods(m.get("pods"), m.path("pods")),
         )
@@ -624,6 +675,12 @@ class _Parser:
         value = m.get("protocol") if m.has("protocol") else "http1"
         if not isinstance(value, str) or value not in PROTOCOLS:
             raise self.fail(m.path("protocol"), f"must be one of {', '.join(PROTOCOLS)}, got {_describe_value(value)}")
+        return value
+
+    def choice(self, m: _Section, key: str, allowed: tuple[str, ...], default: str) -> str:
+        value = m.get(key) if m.has(key) else default
+        if not isinstance(value, str) or value not in allowed:
+            raise self.fail(m.path(key), f"must be one of {', '.join(allowed)}, got {_describe_value(value)}")
         return value
 
     def tls(self, value: object, path: KeyPath) -> TlsConfig:
@@ -1067,7 +1124,8 @@ def _describe_service(service: ServiceConfig) -> list[str]:
         + f"idle_timeout {_optional_duration(service.idle_timeout)}, "
         + f"request_timeout {_optional_duration(service.request_timeout)}, "
         + f"drain_timeout {format_duration(service.drain_timeout)}",
-        f"  lb_policy {lb}, pods spoken to over {'HTTP/2 (h2c)' if service.protocol == 'h2c' else 'HTTP/1.1'}",
+        f"  lb_policy {lb}, pods spoken to over "
+        + ("HTTP/2 (h2c)" if service.protocol == "h2c" else f"HTTP/1.1, client_gone {service.client_gone}"),
     ]
     probe = service.probe
     if probe is None:

@@ -41,6 +41,11 @@ class BadRequest(ActivatorError):
     closes_connection = True
 
 
+class MalformedMessage(BadRequest):
+    """An HTTP/2 request whose fields break RFC 9113 8.2-8.3 (8.1.1: malformed): its
+    stream is reset with PROTOCOL_ERROR, never answered; the connection goes on."""
+
+
 class BadHost(ActivatorError):
     """HTTP/1.1 without Host, with two, or with one that is not ``host[:port]``."""
 
@@ -204,6 +209,31 @@ class UpstreamTimeout(ActivatorError):
     status = 504
     reason = "upstream-timeout"
     kind = FailureKind.TIMEOUT
+
+
+class UpstreamBodyError(Exception):
+    """The response body broke off (reset, EOF, bad chunking) after its head was read.
+
+    Not an ``ActivatorError``: the head is out already, so the only answer left is to cut
+    the client's connection (or stream). ``log_reason``: what the access log says of it.
+    """
+
+    kind = FailureKind.RESET
+    log_reason = "upstream-body-cut"
+
+
+class UpstreamBodyTimeout(UpstreamBodyError):
+    """The response did not finish within the exchange's ``total`` time."""
+
+    kind = FailureKind.TIMEOUT
+    log_reason = "upstream-body-timeout"
+
+
+class UpstreamIdle(UpstreamBodyError):
+    """The pod sent nothing for ``idle`` seconds mid-body."""
+
+    kind = FailureKind.TIMEOUT
+    log_reason = "upstream-idle"
 
 
 class ConfigError(Exception):

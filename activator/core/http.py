@@ -1,69 +1,30 @@
-"""HTTP/1.x decisions the parser leaves to us, as small pure functions on bytes.
+"""Which header lines travel, how activator spells its own answers, and gRPC's rules.
 
-llhttp (through httptools) decides the syntax of request and response heads and the
-framing of bodies; it is strict (no lenient flags), so obs-fold, bare CR or LF, control
-bytes, whitespace before a colon, bad or duplicate Content-Length and Content-Length with
-Transfer-Encoding never get this far. What it leaves to us, decided here:
+The heads themselves, the request check and the framing of bodies are ``core.heads``;
+what is decided here, for both transports:
 
-- **Versions**: HTTP/1.0 and HTTP/1.1 only (llhttp also parses 0.9 and 2.0 request lines).
-- **Request targets**: origin-form (``/path?q``), and ``*`` for OPTIONS; absolute-form is
-  refused (not an open proxy), CONNECT too (and its connection closed).
-- **Host** (RFC 9112 3.2): an HTTP/1.1 request has exactly one Host, and it is
-  ``host[:port]``: a reg-name of letters, digits, ``-._~``, an IPv4 address or a
-  bracketed IPv6 literal, and an optional port of 1-5 digits. Stricter than RFC 3986 on
-  purpose: no userinfo, no sub-delims (``x,y`` is what two merged Host lines look like),
-  no percent-escapes. Only SP and HTAB are whitespace (llhttp trims them; a ``\\xa0`` is
-  a byte of the value, so the value is invalid).
-- **Body framing**: Transfer-Encoding must be exactly one ``chunked`` (any other coding
-  -> 501, in HTTP/1.0 -> 400); a HEAD request or an Upgrade request carries no body;
-  a declared body over ``max_body_bytes`` -> 413.
 - **Which header lines travel**, in both directions: hop-by-hop headers (RFC 9110 7.6.1:
   ``Connection`` and the headers it names, ``Keep-Alive``, ``Proxy-Connection``, ``TE``,
   ``Transfer-Encoding``, ``Upgrade``; also the proxy authentication pair) stop here;
   every other line keeps its place, its spelling and its value, and repeated lines stay
   separate. Framing headers are re-derived from how the body is actually sent.
-- **How a response is framed to the client** (``client_framing``): no body for HEAD,
-  1xx, 204 and 304; the pod's Content-Length when it sent one; chunked to HTTP/1.1
-  clients otherwise (trailers relayed); delimited by closing the connection for HTTP/1.0
-  clients.
-
-Names are compared lower-cased; values are never decoded beyond latin-1 for routing.
+  ``X-Forwarded-For`` gets the client appended, ``X-Forwarded-Proto`` and ``-Host`` are
+  set.
+- **Activator's own answers** (``own_answer_headers``): the status and reason of an
+  ``ActivatorError``, ``X-Activator-Reason``, ``Retry-After`` when it has one; a gRPC
+  request gets a trailers-only gRPC status instead.
+- **gRPC**: what is a gRPC request, how activator's answers map to gRPC statuses, and
+  the ``grpc-timeout`` format.
 """
 
 from __future__ import annotations
 
-import enum
-import ipaddress
 import re
 from collections.abc import Sequence
 from http import HTTPStatus
-from typing import TypeVar
 
-from .errors import (
-    ActivatorError,
-    BadHost,
-    BadRequest,
-    BodyTooLarge,
-    ConnectRefused,
-    NotOriginForm,
-    UnsupportedTransferEncoding,
-)
-
-#: One header line as the parser delivered it: (name, value), both raw bytes.
-Header = tuple[bytes, bytes]
-
-_Item = TypeVar("_Item")
-
-
-def add_line(lines: list[_Item] | tuple[()], item: _Item) -> list[_Item]:
-    """``lines`` with ``item`` at the end. Lines most messages do not carry (Host,
-    Connection, trailers, ...) start as the empty tuple: no list is made per message
-    until one comes, and each one after that is appended in place."""
-    if isinstance(lines, list):
-        lines.append(item)
-        return lines
-    return [item]
-
+from .errors import ActivatorError
+from .heads import BodyFraming, Header
 
 #: Request headers that never reach the pod (besides those named in ``Connection``).
 #: ``Expect`` is ours: activator sends ``100 Continue`` itself once the slot is granted.
@@ -92,7 +53,6 @@ RESPONSE_HOP_BY_HOP = frozenset(
     (b"connection", b"keep-alive", b"proxy-connection", b"proxy-authenticate", b"te", b"transfer-encoding", b"upgrade")
 )
 
-_HOST = re.compile(rb"(?:\[([0-9A-Fa-f:.]+)\]|([A-Za-z0-9._~-]+))(?::[0-9]{1,5})?\Z")
 _OPTIONAL_WHITESPACE = b" \t"
 
 REASON_PHRASES = {
@@ -112,180 +72,6 @@ REASON_PHRASES = {
     503: b"Service Unavailable",
     504: b"Gateway Timeout",
 }
-
-#: Statuses whose responses never have a body (RFC 9110 6.4.1), besides 1xx.
-BODILESS_STATUSES = frozenset((204, 304))
-
-
-class BodyFraming(enum.Enum):
-    """How a message body is delimited on the wire."""
-
-    NONE = "none"  # no body at all
-    LENGTH = "length"  # Content-Length
-    CHUNKED = "chunked"  # Transfer-Encoding: chunked (trailers possible)
-    CLOSE = "close"  # read until the connection closes (responses only)
-
-
-def valid_host(value: bytes) -> bool:
-    """Whether a Host value is ``host[:port]`` by the rules in the module docstring."""
-    match = _HOST.match(value)
-    if match is None:
-        return False
-    literal = match.group(1)
-    if literal is not None:
-        try:
-            ipaddress.IPv6Address(literal.decode("ascii"))
-        except ValueError:
-            return False
-    return True
-
-
-#: Host values already found valid (bounded: they are client input).
-_VALID_HOSTS: dict[bytes, str] = {}
-_VALID_HOSTS_SIZE = 4096
-
-
-def request_host(version: str, hosts: Sequence[bytes]) -> str:
-    """The Host of a request, checked (RFC 9112 3.2); raises ``BadHost``.
-
-    HTTP/1.0 may omit it (then ""); two lines, or an invalid value, are refused.
-    """
-    if len(hosts) == 1:
-        host = hosts[0]
-        known = _VALID_HOSTS.get(host)
-        if known is not None:
-            return known
-        if not valid_host(host):
-            raise BadHost(f"invalid Host {host[:100]!r}")
-        if len(_VALID_HOSTS) >= _VALID_HOSTS_SIZE:
-            _VALID_HOSTS.clear()
-        text = _VALID_HOSTS[host] = host.decode("latin-1")
-        return text
-    if not hosts:
-        if version == "1.0":
-            return ""
-        raise BadHost("an HTTP/1.1 request without Host")
-    raise BadHost("more than one Host header")
-
-
-def check_request_head(
-    version: str,
-    method: str,
-    target: bytes,
-    hosts: Sequence[bytes],
-    content_length: int | None,
-    transfer_encodings: Sequence[bytes],
-    upgrade: bool,
-    max_body_bytes: int | None,
-) -> tuple[BodyFraming, str]:
-    """Everything ``core.http`` decides about a head llhttp accepted: (body framing, Host).
-
-    Raises the refusal: version, target form, body framing, then Host, in that order.
-    """
-    if version != "1.1":
-        check_version(version)
-    if target[:1] != b"/" or method == "CONNECT":
-        check_target(method, target)
-    if content_length is not None or transfer_encodings:
-        framing = body_framing(version, method, content_length, transfer_encodings, upgrade, max_body_bytes)
-    else:
-        framing = BodyFraming.NONE
-    return framing, request_host(version, hosts)
-
-
-def check_target(method: str, target: bytes) -> None:
-    """Origin-form, or ``*`` for OPTIONS; raises ``NotOriginForm`` / ``ConnectRefused``."""
-    if method == "CONNECT":
-        raise ConnectRefused("CONNECT is not proxied")
-    if target[:1] == b"/" or (target == b"*" and method == "OPTIONS"):
-        return
-    raise NotOriginForm(f"request target {target[:100]!r} is not origin-form")
-
-
-def check_version(version: str) -> None:
-    if version != "1.1" and version != "1.0":
-        raise BadRequest(f"HTTP version {version} (only 1.0 and 1.1)")
-
-
-def body_framing(
-    version: str,
-    method: str,
-    content_length: int | None,
-    transfer_encodings: Sequence[bytes],
-    upgrade: bool,
-    max_body_bytes: int | None,
-) -> BodyFraming:
-    """How the request body is framed, after llhttp accepted the head; raises refusals.
-
-    llhttp has already refused Content-Length together with Transfer-Encoding, and any
-    Transfer-Encoding whose last coding is not chunked.
-    """
-    if transfer_encodings:
-        if version == "1.0":
-            raise BadRequest("Transfer-Encoding in an HTTP/1.0 request")
-        check_transfer_encoding(transfer_encodings)
-        framing = BodyFraming.CHUNKED
-    elif content_length is not None:
-        if max_body_bytes is not None and content_length > max_body_bytes:
-            raise BodyTooLarge(f"Content-Length {content_length} over max_body_bytes {max_body_bytes}")
-        framing = BodyFraming.LENGTH
-        if not content_length:
-            return framing  # "Content-Length: 0" is forwarded as it came
-    else:
-        return BodyFraming.NONE
-    if method == "HEAD":
-        raise BadRequest("a HEAD request with a body")
-    if upgrade:
-        raise BadRequest("an Upgrade request with a body")
-    return framing
-
-
-def check_transfer_encoding(values: Sequence[bytes]) -> None:
-    """Exactly one Transfer-Encoding line, and it says ``chunked``; raises 501 otherwise."""
-    if len(values) != 1 or values[0].lower() != b"chunked":
-        shown = b", ".join(values)[:100]
-        raise UnsupportedTransferEncoding(f"Transfer-Encoding {shown!r} (only chunked)")
-
-
-def refusal_of_head(reason: str) -> ActivatorError:
-    """What to answer when llhttp refused a request head, from its reason text.
-
-    llhttp names the header it refused only in that text. A Transfer-Encoding it refused
-    (a coding after chunked, a repeated line, a coding that is not chunked) is an
-    unsupported coding (501), unless the refusal is its conflict with Content-Length (a
-    framing conflict, 400); any other refusal is a malformed head (400).
-    """
-    if "Transfer-Encoding" in reason and "Content-Length" not in reason:
-        return UnsupportedTransferEncoding(f"Transfer-Encoding refused: {reason}")
-    return BadRequest(f"malformed request head: {reason}")
-
-
-_NO_TOKENS: frozenset[bytes] = frozenset()
-#: One Connection line's value -> its options (bounded: they are peer input).
-_TOKENS_OF: dict[bytes, frozenset[bytes]] = {}
-_TOKENS_OF_SIZE = 256
-
-
-def connection_tokens(values: Sequence[bytes]) -> frozenset[bytes]:
-    """The lower-cased options of ``Connection`` lines (``close``, ``upgrade``, names)."""
-    if not values:
-        return _NO_TOKENS
-    if len(values) == 1:
-        known = _TOKENS_OF.get(values[0])
-        if known is not None:
-            return known
-    tokens: set[bytes] = set()
-    for value in values:
-        for token in value.split(b","):
-            token = token.strip(_OPTIONAL_WHITESPACE).lower()
-            if token:
-                tokens.add(token)
-    result = frozenset(tokens)
-    if len(values) == 1:
-        if len(_TOKENS_OF) >= _TOKENS_OF_SIZE:
-            _TOKENS_OF.clear()
-        _TOKENS_OF[values[0]] = result
-    return result
 
 
 def pod_request_headers(
@@ -327,19 +113,6 @@ def header_block(pairs: Sequence[Header]) -> bytes:
     return b"".join([b"%s: %s\r\n" % pair for pair in pairs])
 
 
-def client_framing(
-    method: str, status: int, pod_framing: BodyFraming, client_version: str, tunnel: bool = False
-) -> BodyFraming:
-    """How a pod's response is framed to the client (see the module docstring)."""
-    if pod_framing is BodyFraming.LENGTH:
-        return BodyFraming.NONE if method == "HEAD" or status == 304 or tunnel else BodyFraming.LENGTH
-    if pod_framing is BodyFraming.NONE or method == "HEAD" or status < 200 or status in BODILESS_STATUSES or tunnel:
-        return BodyFraming.NONE
-    # HTTP/1.0 has no chunks: the end is the connection's. HTTP/2 frames as CHUNKED does
-    # (DATA frames, then trailers).
-    return BodyFraming.CLOSE if client_version == "1.0" else BodyFraming.CHUNKED
-
-
 def response_headers(
     headers: Sequence[Header],
     lower_names: Sequence[bytes],
@@ -372,6 +145,71 @@ def response_headers(
 def relayed_trailers(trailers: Sequence[Header]) -> list[Header]:
     """Trailer fields that travel on (the hop-by-hop rules apply to them too)."""
     return [(name, value) for name, value in trailers if name.lower() not in RESPONSE_HOP_BY_HOP]
+
+
+# -- HTTP/2 spelling ---------------------------------------------------------------------------
+
+#: Header names HTTP/2 forbids (RFC 9113 8.2.2), ``host`` (``:authority`` carries it) and
+#: ``te`` (a request always carries ``te: trailers``, the only value HTTP/2 allows).
+NOT_IN_HTTP2 = frozenset(
+    (b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding", b"upgrade", b"host", b"te")
+)
+
+
+def h2_response_fields(headers: Sequence[Header]) -> list[Header]:
+    """Response header lines as HTTP/2 sends them: names lower-cased, connection-specific
+    lines (and anything that looks like a pseudo-header) left out, the rest in order."""
+    fields = []
+    for name, value in headers:
+        lower = name.lower()
+        if lower in RESPONSE_HOP_BY_HOP or lower[:1] == b":":
+            continue
+        fields.append((lower, value))
+    return fields
+
+
+def h2_request_fields(
+    method: str,
+    target: bytes,
+    headers: Sequence[Header],
+    default_authority: bytes,
+    framing: BodyFraming,
+    content_length: int | None,
+) -> list[Header]:
+    """The HTTP/2 header block of a request to a pod: ``:method``, ``:scheme`` (``http``),
+    ``:authority`` (the request's Host, else ``default_authority``), ``:path``, then every
+    other line in its order, its name lower-cased, but those HTTP/2 forbids; then ``te:
+    trailers`` always (gRPC servers require it) and ``content-length`` for a body of
+    known length."""
+    authority = None
+    regular: list[Header] = []
+    for name, value in headers:
+        lower = name.lower()
+        if lower == b"host":
+            if authority is None:
+                authority = value
+        elif lower not in NOT_IN_HTTP2 and lower[:1] != b":":
+            regular.append((lower, value))
+    fields = [
+        (b":method", method.encode("latin-1")),
+        (b":scheme", b"http"),
+        (b":authority", default_authority if authority is None else authority),
+        (b":path", target),
+        *regular,
+        (b"te", b"trailers"),
+    ]
+    if framing is BodyFraming.LENGTH:
+        fields.append((b"content-length", b"%d" % (content_length or 0)))
+    return fields
+
+
+def h2_trailer_fields(trailers: Sequence[Header]) -> list[Header]:
+    """Request trailers as HTTP/2 sends them: names lower-cased, forbidden ones dropped."""
+    return [
+        (lower, value)
+        for lower, value in ((name.lower(), value) for name, value in trailers)
+        if lower not in NOT_IN_HTTP2 and lower[:1] != b":"
+    ]
 
 
 def _standard_phrase(status: int) -> bytes:

@@ -10,6 +10,9 @@ what the client receives:
 - interim answers (``103 Early Hints`` with its ``Link`` lines, ``102 Processing``) reach
   the client before the final one, their header lines byte for byte;
 - a chunked answer's trailers reach the client;
+- an answer whose head's lines end in a bare LF is relayed (the pod is trusted, as
+  HAProxy and nginx trust it), its header lines re-spelled with CRLF and trimmed of
+  trailing whitespace; bare LFs in chunk framing are not (llhttp has no leniency there);
 - repeated ``Link``, ``WWW-Authenticate`` and ``Set-Cookie`` lines are relayed as separate
   lines in the pod's order, also relative to one another;
 - a pod writing head and body in two writes without TCP_NODELAY (like ``http.server``)
@@ -129,6 +132,36 @@ def test_the_trailers_of_a_chunked_response_reach_the_client(proxy: Proxy) -> No
     answer = answers[0]
     assert answer.body == b"hello world", answer.describe()
     assert [(name.lower(), value) for name, value in answer.trailers] == [(b"x-checksum", b"abc123")], answer.trailers
+
+
+@pytest.mark.parametrize(
+    ("name", "answer"),
+    [
+        ("bare LF everywhere", b"HTTP/1.1 200 OK\nContent-Type: text/plain\nX-Pod: lf \nContent-Length: 5\n\nhello"),
+        ("bare LF ending the head", b"HTTP/1.1 200 OK\r\nX-Pod: lf\r\nContent-Length: 5\r\n\nhello"),
+        (
+            "bare LF in the head of a chunked answer",
+            b"HTTP/1.1 200 OK\nX-Pod: lf\nTransfer-Encoding: chunked\n\n5\r\nhello\r\n0\r\n\r\n",
+        ),
+    ],
+)
+def test_a_pods_answer_with_bare_lf_line_ends_is_relayed(proxy: Proxy, name: str, answer: bytes) -> None:
+    # The pod is trusted: as HAProxy and nginx do, its bare LFs are read as line ends
+    # (a client's never are: the request table refuses them).
+    target = b"/bare-lf-%d" % len(answer)
+    answers = exchange(proxy, target, Script([answer]))
+    assert [a.status for a in answers] == [200], [a.describe() for a in answers]
+    assert answers[0].body == b"hello", answers[0].describe()
+    assert header_lines(answers[0].head, {b"x-pod"}) == [b"X-Pod: lf"]
+
+
+def test_bare_lf_in_a_pods_chunk_framing_is_a_bad_response(proxy: Proxy) -> None:
+    # llhttp's leniency covers the head's lines only, not a chunk's size line.
+    answer = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\nhello\n0\n\n"
+    answers = exchange(proxy, b"/bare-lf-chunks", Script([answer]))  # one write: read before any relay
+    assert [(a.status, a.activator_reason) for a in answers] == [(502, "upstream-bad-response")], [
+        a.describe() for a in answers
+    ]
 
 
 def test_repeated_link_www_authenticate_and_set_cookie_lines_are_relayed_separately_in_order(proxy: Proxy) -> None:

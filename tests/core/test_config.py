@@ -994,15 +994,18 @@ def test_describe_config_lists_listeners_services_and_pods() -> None:
     api = lines[lines.index("service api") :]
     assert api[1] == "  hosts: api.example.com"
     assert api[2] == "  container_concurrency 1, queue_depth 100, queue_timeout 30s"
-    assert "  lb_policy auto -> first-available, pods spoken to over HTTP/1.1" in api
+    assert "  lb_policy auto -> first-available, pods spoken to over HTTP/1.1, client_gone finish" in api
     assert "  probe: GET /healthz every 1s, timeout 1s, healthy after 1, unhealthy after 3" in api
     assert api[api.index("  pods (2):") + 1 :][:2] == [f"    {A}", f"    {B}  (drain)"]
     bulk = lines[lines.index("service bulk") :]
     assert "  hosts: * (catch-all)" in bulk
-    assert "  lb_policy round-robin, pods spoken to over HTTP/1.1" in bulk
+    assert "  lb_policy round-robin, pods spoken to over HTTP/1.1, client_gone finish" in bulk
     assert "  pods: none" in bulk
     assert "  probe: none (pods are routable as soon as listed)" in bulk
-    assert "  lb_policy auto -> round-robin, pods spoken to over HTTP/1.1" in lines[lines.index("service fast") :]
+    assert (
+        "  lb_policy auto -> round-robin, pods spoken to over HTTP/1.1, client_gone finish"
+        in lines[lines.index("service fast") :]
+    )
 
 
 def test_describe_config_without_services() -> None:

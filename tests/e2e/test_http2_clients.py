@@ -118,6 +118,32 @@ def test_h2c_request_reaches_an_http1_pod_whole(
     settle(act, [pod])
 
 
+def test_curl_http2_with_a_body_over_plain_http_is_served_as_http1(
+    pod_factory: PodFactory, activator_factory: ActivatorFactory, tmp_path: Path
+) -> None:
+    # curl --http2 against an http:// URL asks to upgrade to h2c (Connection: Upgrade,
+    # HTTP2-Settings; Upgrade: h2c) with its body: activator declines the upgrade, as
+    # HAProxy and nginx do, and serves the request (RFC 9113 3.1: h2c upgrade is deprecated).
+    (pod,) = pod_factory(1)
+    act = activator_factory(make_config([pod]))
+    result = curl(
+        "--http2",
+        "-d",
+        "hello=world",
+        "-o",
+        str(tmp_path / "echo.json"),
+        "-w",
+        "%{http_version} %{response_code}",
+        f"http://{act.listen}/echo/upgrade",
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "1.1 200", result.stdout
+    seen = json.loads((tmp_path / "echo.json").read_text())
+    assert (seen["method"], seen["body_length"]) == ("POST", len("hello=world"))
+    assert "upgrade" not in seen["headers"] and "http2-settings" not in seen["headers"], seen["header_list"]
+    settle(act, [pod])
+
+
 def test_h2load_gets_every_answer_and_no_pod_exceeds_its_limit(
     pod_factory: PodFactory, activator_factory: ActivatorFactory
 ) -> None:
