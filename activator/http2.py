@@ -133,6 +133,9 @@ _H2_STREAM_LIMIT = 2**31 - 1
 INTERNAL_HEADER_LIST_FACTOR = 4
 #: After a graceful GOAWAY and the last stream: how long we wait for the client to close.
 LINGER_SECONDS = 1.0
+#: After a GOAWAY ENHANCE_YOUR_CALM: how long it may take to go out (a client that reads
+#: nothing never takes it) before the connection is closed.
+CALM_DOWN_SECONDS = 1.0
 #: A ``write`` waits for the kernel to take its bytes once this much is unsent.
 OUTBOUND_HIGH_WATER = 65536
 _NO_BYTES = b""
@@ -683,9 +686,14 @@ class H2ServerConnection(H2Wire):
                 self._streams_gone("the connection was terminated")
             gevent.joinall(list(self._greenlets))
             self.stop_writing()
-            writer.join()
-            if not self.lost and self._exceeded is None:
-                linger(self.sock)
+            if self._exceeded is None:
+                writer.join()
+                if not self.lost:
+                    linger(self.sock)
+            else:  # past a budget: its GOAWAY gets a moment to go out, then the connection closes
+                writer.join(CALM_DOWN_SECONDS)
+                self.lose(f"past its {self._exceeded.value} budget")
+                writer.kill()
         except BaseException:  # killed (the engine's stop), or a bug: end everything now
             self.lose("the connection was stopped")
             gevent.killall([*self._greenlets, writer])
@@ -756,7 +764,10 @@ class H2ServerConnection(H2Wire):
     # -- frames in: budgets, events -----------------------------------------------------------
 
     def _admit_batch(self, batch: Batch) -> bool:
-        """Count the batch against the budgets; past one, GOAWAY ENHANCE_YOUR_CALM."""
+        """Count the batch against the budgets; past one, GOAWAY ENHANCE_YOUR_CALM. Nothing
+        more is read once a GOAWAY went either way."""
+        if self._terminated:
+            return False
         counts = batch.counts
         meter = self.meter
         now = time.monotonic()

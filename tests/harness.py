@@ -752,6 +752,8 @@ class H2Client(Closing):
         self._cond = threading.Condition()
         self._streams: dict[int, H2Response] = {}
         self.terminated: int | None = None  # GOAWAY's error code, or -1 once the connection closed
+        #: The connection is over (what the server sent is all read): no stream waits longer.
+        self.closed = False
         self._pings_acked: set[bytes] = set()
         with self._cond:
             self._conn.initiate_connection()
@@ -806,7 +808,7 @@ class H2Client(Closing):
             opaque = os.urandom(8)
             self._conn.ping(opaque)
             self._flush()
-            if not self._cond.wait_for(lambda: opaque in self._pings_acked or self.terminated is not None, timeout):
+            if not self._cond.wait_for(lambda: opaque in self._pings_acked or self.closed, timeout):
                 raise HarnessError(f"no PING ACK within {timeout}s")
 
     def response(self, stream_id: int, timeout: float | None = None) -> H2Response:
@@ -814,9 +816,7 @@ class H2Client(Closing):
         timeout = self.timeout if timeout is None else timeout
         with self._cond:
             answer = self._streams[stream_id]
-            if not self._cond.wait_for(
-                lambda: answer.ended or answer.reset is not None or self.terminated is not None, timeout
-            ):
+            if not self._cond.wait_for(lambda: answer.ended or answer.reset is not None or self.closed, timeout):
                 raise HarnessError(f"HTTP/2 stream {stream_id} not answered within {timeout}s: {answer}")
             return answer
 
@@ -826,9 +826,7 @@ class H2Client(Closing):
         with self._cond:
             answer = self._streams[stream_id]
             done = self._cond.wait_for(
-                lambda: (
-                    answer.status is not None or answer.ended or answer.reset is not None or self.terminated is not None
-                ),
+                lambda: answer.status is not None or answer.ended or answer.reset is not None or self.closed,
                 timeout,
             )
             if not done:
@@ -844,6 +842,7 @@ class H2Client(Closing):
             with self._cond:
                 if not data:
                     self.terminated = -1 if self.terminated is None else self.terminated
+                    self.closed = True
                     self._cond.notify_all()
                     return
                 try:
@@ -853,6 +852,7 @@ class H2Client(Closing):
                     self._flush()
                 except Exception:  # a protocol error, or the socket closed under us
                     self.terminated = -1
+                    self.closed = True
                     self._cond.notify_all()
                     return
                 self._cond.notify_all()

@@ -14,6 +14,9 @@ that each status is the first answer. What is proved:
   ``x-activator-reason`` in its trailing metadata: queue-full -> RESOURCE_EXHAUSTED,
   queue-timeout -> UNAVAILABLE, an authority no service matches -> UNIMPLEMENTED, a pod
   that refuses connections -> UNAVAILABLE, a pod too slow to answer -> DEADLINE_EXCEEDED;
+- a call the client cancels while it runs reaches the pod as a cancel (activator resets
+  the pod's stream) and its slot goes to the next call at once; one cancelled while
+  queued leaves the queue and never reaches the pod;
 - a call whose deadline (``grpc-timeout``) is shorter than its wait for the slot fails
   DEADLINE_EXCEEDED, leaves the queue and never reaches the pod; activator's answer to
   it (read with curl, whose request carries ``grpc-timeout`` but does not enforce it)
@@ -199,6 +202,44 @@ def test_pod_too_slow_to_answer_is_deadline_exceeded(grpc_pod: ModulePod, activa
     # The pod's call was cancelled with the stream activator gave up on.
     settle(act, grpc_pod)
     assert grpc_pod.stats()["per"] == {"Block": 1}
+
+
+def test_a_call_cancelled_while_it_runs_is_cancelled_at_the_pod_and_frees_its_slot(
+    grpc_pod: ModulePod, activator_factory: ActivatorFactory
+) -> None:
+    act = activator_factory(grpc_config([grpc_pod], queue_timeout="60s"))
+    with Stub(act) as stub:
+        running = stub.block.future(b"cancel me", timeout=120)
+        grpc_pod.wait_stats(lambda s: s["in_flight"] == 1, "the call running on the pod")
+        waiting = stub.unary.future(b"next", timeout=120)
+        act.wait_for(lambda st: st["services"][SERVICE]["queued"] == 1, message="the next call queued")
+        running.cancel()
+        # The pod's call sees its cancel (its gate is never released), and the next call
+        # gets the slot: it is answered while the cancelled one was never let finish.
+        grpc_pod.wait_stats(lambda s: s["notes"].get("cancelled") == 1, "the cancel at the pod")
+        assert waiting.result(timeout=DEFAULT_TIMEOUT) == b"next"
+    stats = grpc_pod.stats()
+    assert stats["order"] == ["Block", "Unary"]
+    # The slot is the stream's: free once its RST_STREAM went out (SPEC, as HAProxy's
+    # abortonclose), while the pod's handler may still be winding down the cancelled call.
+    assert stats["peak"] <= 2, stats
+    grpc_pod.wait_stats(lambda s: s["in_flight"] == 0, "every call over on the pod")
+    act.wait_idle()
+
+
+def test_a_call_cancelled_while_queued_never_reaches_the_pod(
+    grpc_pod: ModulePod, activator_factory: ActivatorFactory
+) -> None:
+    act = activator_factory(grpc_config([grpc_pod], queue_timeout="60s"))
+    with Stub(act) as stub:
+        with slot_held(stub, grpc_pod, act):
+            queued = stub.unary.future(b"queued", timeout=120)
+            act.wait_for(lambda st: st["services"][SERVICE]["queued"] == 1, message="the call queued")
+            queued.cancel()
+            act.wait_for(lambda st: st["services"][SERVICE]["queued"] == 0, message="the call out of the queue")
+        assert stub.unary(b"after", timeout=DEFAULT_TIMEOUT) == b"after"
+    assert grpc_pod.stats()["order"] == ["Block", "Unary"]
+    settle(act, grpc_pod)
 
 
 def test_deadline_shorter_than_the_wait_fails_and_never_reaches_the_pod(

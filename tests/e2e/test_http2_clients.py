@@ -29,6 +29,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -142,6 +143,38 @@ def test_curl_http2_with_a_body_over_plain_http_is_served_as_http1(
     assert (seen["method"], seen["body_length"]) == ("POST", len("hello=world"))
     assert "upgrade" not in seen["headers"] and "http2-settings" not in seen["headers"], seen["header_list"]
     settle(act, [pod])
+
+
+def test_a_graceful_stop_sends_goaway_at_once_and_the_stream_under_way_finishes(
+    pod_factory: PodFactory, activator_factory: ActivatorFactory
+) -> None:
+    (pod,) = pod_factory(1)
+    act = activator_factory(make_config([pod], top={"grace_period": "60s"}))
+    assert shutil.which("nghttp"), "nghttp (Debian's nghttp2-client) is needed"
+    # nghttp -v prints each frame as it arrives, and follows a graceful GOAWAY (the h2
+    # library, which the harness's client is built on, ends its connection at any GOAWAY).
+    client = subprocess.Popen(
+        ["nghttp", "-v", f"http://{act.listen}/hold?key=h"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        wait_until(lambda: pod.held() == ["h"], message="the stream running on the pod")
+        act.signal(signal.SIGTERM)
+        assert client.stdout is not None
+        seen = []
+        for line in client.stdout:  # the GOAWAY comes when the stop begins, not after the last stream
+            seen.append(line)
+            if "recv GOAWAY frame" in line:
+                seen.append(client.stdout.readline())  # its fields: (last_stream_id=1, error_code=NO_ERROR(0x00), ...)
+                break
+        assert "error_code=NO_ERROR" in seen[-1], seen[-5:]
+        assert pod.held() == ["h"], "the stream under way was ended by the stop"
+        assert pod.release("h") == 1
+        rest, _ = client.communicate(timeout=60)
+    finally:
+        client.kill()
+    assert client.returncode == 0, rest
+    assert f"released h on {pod.address}" in rest
+    assert act.wait(60) == 0
 
 
 def test_h2load_gets_every_answer_and_no_pod_exceeds_its_limit(

@@ -333,6 +333,29 @@ def test_client_limited_to_tls_1_1_fails_the_handshake(
     settle(act, pod)
 
 
+def test_plain_http_on_the_tls_port_gets_a_400_and_a_clean_close(
+    pod_factory: PodFactory, activator_factory: ActivatorFactory, authority: Authority, pair: tuple[Path, Path, int]
+) -> None:
+    (pod,) = pod_factory(1)
+    cert, key, _ = pair
+    act = activator_factory(tls_config([pod], cert, key))
+    host, port = act.listen.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=DEFAULT_TIMEOUT) as raw:
+        raw.sendall(b"GET / HTTP/1.1\r\nHost: a.example\r\n\r\n")
+        answer = b""
+        while chunk := raw.recv(65536):  # a reset would raise here: the close must be a clean FIN
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 400 Bad Request\r\n"), answer
+    assert b"Connection: close\r\n" in answer
+    assert pod.stats()["count"] == 0
+    conn = https(act, authority)  # the listener is unharmed
+    try:
+        assert echo(conn)["headers"]["x-forwarded-proto"] == "https"
+    finally:
+        conn.close()
+    settle(act, pod)
+
+
 @pytest.mark.parametrize("how", ["sighup", "files-watched"])
 def test_new_pair_serves_new_handshakes_and_old_connections_keep_working(
     pod_factory: PodFactory,

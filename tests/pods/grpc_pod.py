@@ -75,7 +75,8 @@ def main() -> None:
 
     def block(request: bytes, context: grpc.ServicerContext) -> bytes:
         with stats.track("Block"):
-            gate.wait(context)
+            if not gate.wait(context):
+                stats.note("cancelled")  # the client's cancel reached the pod
             return request
 
     handlers: dict[str, Any] = {
