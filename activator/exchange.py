@@ -143,6 +143,10 @@ class ClientExchange:
         """Whether a piece (or the end, or an error) is here without waiting."""
         return bool(self._body) or self.body_done or self.body_error is not None
 
+    def exhausted(self) -> bool:
+        """Every byte of the body was read and it ended whole: the next read is b""."""
+        return self.body_done and not self._body and self.body_error is None
+
     def _await_body(self) -> None:
         """Wait until a piece, the end or an error of the body is here (or raise
         ``ClientTimeout``: then ``body_error`` says so)."""
@@ -215,8 +219,10 @@ class ClientExchange:
         first piece may be late). Raises ``ClientGone``."""
         raise NotImplementedError
 
-    def finish(self, trailers: Sequence[Header] = ()) -> None:
-        """End the response, with trailers where the framing can carry them."""
+    def finish(self, trailers: Sequence[Header] = (), last: bytes = b"") -> None:
+        """End the response, with trailers where the framing can carry them; ``last``:
+        the body's last piece, sent with the end (a whole small answer: one send, and in
+        HTTP/2 one DATA frame that also ends the stream). Raises ``ClientGone``."""
         raise NotImplementedError
 
     def answer(self, error: ActivatorError) -> None:

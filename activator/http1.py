@@ -219,18 +219,23 @@ class H1Exchange(ClientExchange):
             self._pending_head = _NO_BYTES
             self.conn.send(head)
 
-    def finish(self, trailers: Sequence[heads.Header] = ()) -> None:
+    def finish(self, trailers: Sequence[heads.Header] = (), last: bytes = _NO_BYTES) -> None:
         """End the response (the last chunk and the trailers, for chunked; an HTTP/1.x
-        response that is not chunked has nowhere to put trailers: they are dropped)."""
+        response that is not chunked has nowhere to put trailers: they are dropped), in
+        one send with the head and ``last`` when they are still here."""
         if self.finished:
             return
         self.finished = True
         tail = self._pending_head
         self._pending_head = _NO_BYTES
-        if self.response_framing is BodyFraming.CHUNKED:
+        chunked = self.response_framing is BodyFraming.CHUNKED
+        if last:
+            tail += b"%x\r\n%s\r\n" % (len(last), last) if chunked else last
+        if chunked:
             tail += b"0\r\n%s\r\n" % http.header_block(trailers)
         if tail:
             self.conn.send(tail)
+        self.bytes_sent += len(last)
 
     def switch_protocols(self, reason: bytes, headers: Sequence[heads.Header]) -> tuple[Any, bytes]:
         """Send the pod's 101 (with ``Connection: upgrade``) and hand over the socket.

@@ -340,9 +340,10 @@ class H2Exchange(ClientExchange):
             self._unflushed = 0
             self._flushed(conn.mark())
 
-    def finish(self, trailers: Sequence[Header] = ()) -> None:
-        """End the response: END_STREAM on its last frame, after a HEADERS frame of
-        trailers when there are some. Raises ``ClientGone``."""
+    def finish(self, trailers: Sequence[Header] = (), last: bytes = _NO_BYTES) -> None:
+        """End the response: END_STREAM on its last frame (``last``'s DATA when it fits
+        the client's windows), after a HEADERS frame of trailers when there are some.
+        Raises ``ClientGone``."""
         if self.finished:
             return
         if self._pending_head is None and not self._head_sent:
@@ -350,6 +351,17 @@ class H2Exchange(ClientExchange):
             return  # nothing was started: the stream is reset when it ends
         self._check_open()
         fields = http.h2_response_fields(trailers)
+        if last:
+            if fields or len(last) > self.conn.window(self.stream_id):
+                self.write(last)
+            else:  # one DATA frame with END_STREAM
+                self._send_pending_head(end_stream=False)
+                if not self.conn.send_data(self.stream_id, last, end_stream=True):
+                    raise ClientGone("the stream cannot be sent on")
+                self.bytes_sent += len(last)
+                self.conn.meter.sent_data(len(last), time.monotonic())
+                self._ended_by_us = True
+                self._maybe_closed()
         if self._pending_head is not None:
             self._send_pending_head(end_stream=not fields)
         if fields:

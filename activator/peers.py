@@ -266,8 +266,7 @@ def _respond(
     if status != 200:
         lines.append((b"X-Activator-Reason", reason))
     exchange.start(status, reason, lines, BodyFraming.LENGTH)
-    exchange.write(body)
-    exchange.finish()
+    exchange.finish(last=body)
 
 
 #: How soon a holder that a hand-over waits on is asked again.

@@ -554,8 +554,7 @@ class Proxy:
                 trailers = _trailers_relayed(response, framing)
                 pooled = True
                 response.close()  # nothing of it is read after this: the next request may reuse it
-                exchange.write(body)
-                exchange.finish(trailers)
+                exchange.finish(trailers, body)
                 if lease is not None:
                     lease.release()
                 return

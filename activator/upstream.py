@@ -121,6 +121,9 @@ class BodySource(Protocol):
 
     def buffered(self) -> bool: ...
 
+    def exhausted(self) -> bool:
+        """Every byte was read and the body ended whole: the next read is b"" (no waiting)."""
+
     def wait_for_body(self, pod_fd: int, timeout: float) -> bool: ...
 
 
@@ -143,6 +146,9 @@ class FixedBody:
 
     def buffered(self) -> bool:
         return True
+
+    def exhausted(self) -> bool:
+        return self._sent
 
     def wait_for_body(self, pod_fd: int, timeout: float) -> bool:
         return True

@@ -30,7 +30,9 @@ Greenlets, and the order of frames
     Each connection is an ``h2wire.H2Wire`` (the one HTTP/2 driver, shared with the client
     side): one reader greenlet (which also connects and waits for the pod's first
     SETTINGS) feeds h2 and dispatches its events to the streams, and one writer greenlet
-    sends what h2 produced, in h2's order, whichever greenlet made it. Per stream with a body, a
+    sends what h2 produced, in h2's order, whichever greenlet made it. A request body
+    already here whole (a small gRPC call's) goes at once, its last DATA frame ending the
+    stream, with no greenlet; otherwise, per stream, a
     pump greenlet reads it from the client and sends it as DATA within the pod's
     flow-control windows while the response comes (full duplex: gRPC client-, server- and
     bidirectional streaming); the request's trailers go as a trailing HEADERS frame. The
@@ -618,7 +620,18 @@ class _Upload:
 
     Its ``deadline`` bounds the pump's waits for the pod's window; ``expire`` wakes it."""
 
-    __slots__ = ("deadline", "timed_out", "stream", "body", "framing", "content_length", "stopped", "greenlet", "_wake")
+    __slots__ = (
+        "deadline",
+        "timed_out",
+        "stream",
+        "body",
+        "framing",
+        "remaining",
+        "stopped",
+        "greenlet",
+        "_wake",
+        "_leftover",
+    )
 
     def __init__(self, stream: H2PodStream, body: BodySource, framing: BodyFraming, content_length: int | None) -> None:
         self.deadline = 0.0
@@ -627,12 +640,64 @@ class _Upload:
         self.stream = stream
         self.body = body
         self.framing = framing
-        self.content_length = content_length
+        #: Body bytes still to send of a body of known length (None: unknown length).
+        self.remaining = content_length if framing is BodyFraming.LENGTH else None
         #: Set by the stream when the body is not wanted any more; the pump checks it
         #: after every wait, before any h2 call.
         self.stopped = False
+        #: What the first pass read and could not send yet (the pod's window was short).
+        self._leftover = memoryview(b"")
+        self.greenlet: gevent.Greenlet | None = None
+
+    def start(self) -> None:
+        """Send what the client's body has here already (a small upload: all of it, the
+        last DATA frame ending the stream, with no greenlet); the rest, if any, by the
+        pump. Does not yield."""
+        try:
+            if self._send_at_once():
+                return
+        except Exception as error:  # the client's body failed: the caller raises it
+            self.stream.upload_failed(error)
+            return
         deadlines.sweeper().add(self)
         self.greenlet = gevent.spawn(self._pump)
+
+    def _send_at_once(self) -> bool:
+        """Read and send what needs no waiting; True when the body went whole."""
+        stream = self.stream
+        body = self.body
+        connection = stream.connection
+        while body.buffered():
+            piece = self._read()
+            if not piece:
+                stream.upload_ended(h2_trailer_fields(body.trailers))
+                return True
+            view = memoryview(piece)
+            last = body.exhausted() and not body.trailers
+            while view:
+                window = connection.window(stream.stream_id)
+                if not window:
+                    self._leftover = view
+                    return False
+                if last and len(view) <= window:
+                    connection.send_data(stream.stream_id, view, end_stream=True)
+                    stream.upload_ended(sent_end=True)
+                    return True
+                connection.send_data(stream.stream_id, view[:window])
+                view = view[window:]
+        return False
+
+    def _read(self) -> bytes:
+        """The next piece of the client's body (it may wait). Raises the client's errors."""
+        remaining = self.remaining
+        piece = self.body.read(BLOCK_SIZE if remaining is None else min(BLOCK_SIZE, remaining))
+        if piece:
+            self.stream.body_read = True
+            if remaining is not None:
+                self.remaining = remaining - len(piece)
+        elif remaining:
+            raise ClientBodyError("the request body ended before its Content-Length")
+        return piece
 
     def stop(self) -> None:
         """Stop at the next chance (the pump's waits are woken). Does not yield."""
@@ -659,27 +724,19 @@ class _Upload:
 
     def _send_body(self) -> bool:
         """Read the body and send it; False if stopped first. Raises the client's errors."""
-        stream = self.stream
-        body = self.body
-        remaining = self.content_length if self.framing is BodyFraming.LENGTH else None
-        while remaining is None or remaining > 0:
-            piece = body.read(BLOCK_SIZE if remaining is None else min(BLOCK_SIZE, remaining))
-            if piece:
-                stream.body_read = True
+        if self._leftover and not self._send_piece(self._leftover):
+            return False
+        while self.remaining is None or self.remaining > 0:
+            piece = self._read()
             if self.stopped:
                 return False
             if not piece:
-                if remaining:
-                    raise ClientBodyError("the request body ended before its Content-Length")
                 return True
-            if remaining is not None:
-                remaining -= len(piece)
-            if not self._send_piece(piece):
+            if not self._send_piece(memoryview(piece)):
                 return False
         return True
 
-    def _send_piece(self, piece: bytes) -> bool:
-        view = memoryview(piece)
+    def _send_piece(self, view: memoryview) -> bool:
         connection = self.stream.connection
         stream_id = self.stream.stream_id
         while view:
@@ -783,11 +840,13 @@ class H2PodStream(PodResponse):
     # -- the request body (the pump's greenlet, or open_stream) ------------------------------
 
     def start_upload(self, body: BodySource, framing: BodyFraming, content_length: int | None) -> None:
-        self._upload = _Upload(self, body, framing, content_length)
+        self._upload = upload = _Upload(self, body, framing, content_length)
+        upload.start()
 
-    def upload_ended(self, trailers: list[Header] = _NO_HEADERS) -> None:
-        """The request was sent whole (HEADERS with END_STREAM, or the pump's end). Does not yield."""
-        if self._upload is not None:
+    def upload_ended(self, trailers: list[Header] = _NO_HEADERS, *, sent_end: bool = False) -> None:
+        """The request was sent whole (HEADERS or the last DATA with END_STREAM, or the
+        body's end: ``sent_end`` says whether END_STREAM went already). Does not yield."""
+        if self._upload is not None and not sent_end:
             self.connection.end_upload(self.stream_id, trailers)
         self._sent_end = True
         self._sent_whole_at = time.monotonic()
@@ -970,7 +1029,7 @@ class H2PodStream(PodResponse):
         self.connection.acknowledge(self.stream_id, unacknowledged)  # the connection's window
         self.connection.forget_stream(self)
         deadlines.sweeper().discard(self)
-        if upload is not None:
+        if upload is not None and upload.greenlet is not None:
             # It may be blocked reading the client: stopped before the client's
             # connection moves on (another read there would collide with it).
             upload.greenlet.kill(block=True)

@@ -120,6 +120,9 @@ class QueueBody:
     def buffered(self) -> bool:
         return bool(self._rest) or self._ended or not self._queue.empty()
 
+    def exhausted(self) -> bool:
+        return self._ended and not self._rest
+
     def wait_for_body(self, pod_fd: int, timeout: float) -> bool:
         raise AssertionError("the h2c client never waits on a pod socket")
 
@@ -292,6 +295,34 @@ def test_request_head_is_sent_as_http2_wants_it(h2pod: PodFactory) -> None:
         (b"content-length", b"5"),
     ]
     assert bytes(request.read_all()) == b"" and request.ended.is_set()
+
+
+@pytest.mark.parametrize("length", [5, None], ids=["content-length", "unknown length"])
+def test_a_body_here_whole_goes_at_once_without_a_pump(h2pod: PodFactory, length: int | None) -> None:
+    pod, pool = h2pod(answer())
+    body = QueueBody(b"hello", end=True)
+    body.read(0)  # what the client sent came whole (as a small gRPC call's does): nothing to wait for
+    response = send(pool, "POST", b"/whole", body, length=length)
+    assert response._upload is not None and response._upload.greenlet is None  # no greenlet, no wait
+    read_to_end(response)
+    (request,) = pod.requests
+    assert request.ended.is_set()
+    response.close()
+
+
+def test_a_body_larger_than_the_pods_window_goes_on_in_the_pump(h2pod: PodFactory) -> None:
+    def digest(request: PodRequest) -> None:
+        received = bytes(request.read_all())
+        request.respond(200, [], end=False)
+        request.send(hashlib.sha256(received).hexdigest().encode(), end=True)
+
+    _, pool = h2pod(digest, initial_window_size=1000)
+    data = pattern(5000)
+    body = QueueBody(data, end=True)
+    body.read(0)
+    response, answer_data = fetch(pool, "POST", b"/large", body, length=len(data))
+    assert response._upload is not None and response._upload.greenlet is not None
+    assert answer_data == hashlib.sha256(data).hexdigest().encode()
 
 
 def test_a_streamed_body_arrives_whole_with_its_trailers(h2pod: PodFactory) -> None:
