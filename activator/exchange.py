@@ -25,7 +25,8 @@ protocol bytes. Every method that waits may yield; none raises anything but the
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from . import deadlines
 from .core.errors import ActivatorError
@@ -268,6 +269,56 @@ class QueueShare:
             self._waiting[service] = waiting
         else:
             del self._waiting[service]
+
+
+class BodySource(Protocol):
+    """A request body as a pod client reads it (a ``ClientExchange`` is one)."""
+
+    @property
+    def trailers(self) -> Sequence[Header]:
+        """The request's trailers, once its body ended."""
+
+    def read(self, size: int = ...) -> bytes: ...
+
+    def raise_known_error(self) -> None: ...
+
+    def buffered(self) -> bool: ...
+
+    def exhausted(self) -> bool:
+        """Every byte was read and the body ended whole: the next read is b"" (no waiting)."""
+
+    def wait_for_body(self, pod_fd: int, timeout: float) -> bool: ...
+
+
+@dataclass(slots=True)
+class PodRequest:
+    """One request as a pod client sends it: the method and target, the end-to-end header
+    lines (``core.http.pod_request_headers``; the pod client adds the framing), the body
+    and how it is framed, and where 1xx answers go."""
+
+    method: str
+    target: bytes
+    headers: list[Header]
+    body: BodySource | None = None
+    framing: BodyFraming = BodyFraming.NONE
+    content_length: int | None = None
+    interim: InterimCallback | None = None
+
+    @classmethod
+    def of(cls, exchange: ClientExchange, headers: list[Header]) -> PodRequest:
+        """A client's request as it goes on to a pod (or a peer), with these header lines."""
+        head = exchange.head
+        return cls(head.method, head.target, headers, exchange, head.framing, head.content_length, exchange.interim)
+
+    @property
+    def has_body(self) -> bool:
+        """Whether body bytes are to be sent (not for no body or a zero length)."""
+        framing = self.framing
+        return (
+            self.body is not None
+            and framing is not BodyFraming.NONE
+            and not (framing is BodyFraming.LENGTH and not self.content_length)
+        )
 
 
 class PodResponse(deadlines.Watched):

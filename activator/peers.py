@@ -32,7 +32,7 @@ from .core.heads import BodyFraming, Header
 from .core.peering import ACTIVATOR_SCOPE, Answer, Check, PeerAuthError, PeerState
 from .core.timeouts import Timeouts
 from .core.topology import Topology
-from .exchange import ClientExchange
+from .exchange import ClientExchange, PodRequest
 from .pods import split_address
 from .upstream import FixedBody, UpstreamPool
 
@@ -286,15 +286,9 @@ def _post(
     host, port = split_address(address)
     pool = UpstreamPool(host, port, max_idle=0)
     try:
-        response = pool.request(
-            "POST",
-            peering.PEER_PATH,
-            [(b"Host", address.encode()), (b"Content-Type", b"application/json"), *headers],
-            FixedBody(body),
-            BodyFraming.LENGTH,
-            len(body),
-            Timeouts(timeout, timeout, total=timeout),
-        )
+        lines = [(b"Host", address.encode()), (b"Content-Type", b"application/json"), *headers]
+        request = PodRequest("POST", peering.PEER_PATH, lines, FixedBody(body), BodyFraming.LENGTH, len(body))
+        response = pool.request(request, Timeouts(timeout, timeout, total=timeout))
         try:
             data = b"".join(response.body())
             proof = next((v for n, v in response.head.headers if n.lower() == peering.PROOF_HEADER), None)

@@ -16,10 +16,9 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Protocol
 
-from .core.heads import BodyFraming, Header
 from .core.timeouts import Timeouts
-from .exchange import InterimCallback, PodResponse
-from .upstream import BodySource, UpstreamPool
+from .exchange import PodRequest, PodResponse
+from .upstream import UpstreamPool
 from .upstream_h2 import H2PodPool
 
 HTTP1 = "http1"
@@ -29,17 +28,7 @@ H2C = "h2c"
 class PodClient(Protocol):
     """What the proxy and the prober need of a pod-side client."""
 
-    def request(
-        self,
-        method: str,
-        target: bytes,
-        headers: list[Header],
-        body: BodySource | None,
-        framing: BodyFraming,
-        content_length: int | None,
-        timeouts: Timeouts,
-        interim: InterimCallback | None = None,
-    ) -> PodResponse: ...
+    def request(self, request: PodRequest, timeouts: Timeouts) -> PodResponse: ...
 
     def close(self) -> None: ...
 

@@ -41,6 +41,7 @@ from .core.probes import (
 )
 from .core.timeouts import Timeouts
 from .core.topology import Topology
+from .exchange import PodRequest
 from .pods import H2C, HTTP1, PodClient, make_client
 from .upstream import FixedBody
 from .writer import TopologyWriter
@@ -126,11 +127,10 @@ def probe_once(pool: PodClient, address: str, probe: ProbeConfig, protocol: str 
     try:
         with gevent.Timeout(probe.timeout * 2 + 1):  # backstop; the pool enforces the real timeouts
             if body is not None:
-                response = pool.request(
-                    "POST", probe.path.encode(), headers, body, BodyFraming.LENGTH, len(body.data), timeouts
-                )
+                request = PodRequest("POST", probe.path.encode(), headers, body, BodyFraming.LENGTH, len(body.data))
             else:
-                response = pool.request("GET", probe.path.encode(), headers, None, BodyFraming.NONE, None, timeouts)
+                request = PodRequest("GET", probe.path.encode(), headers)
+            response = pool.request(request, timeouts)
             try:
                 for piece in response.body():
                     if grpc_check and len(data) < 4096:

@@ -61,7 +61,7 @@ from .core.throttler import Grant, ServiceThrottler
 from .core.timeouts import Timeouts
 from .core.topology import Topology, may_forward
 from .engine import EXCHANGE
-from .exchange import ClientExchange, PodResponse
+from .exchange import ClientExchange, PodRequest, PodResponse
 from .observe import Observer, RequestRecord
 from .peers import PeerEndpoint
 from .pods import H2C, HTTP1, PodClient
@@ -487,7 +487,7 @@ class Proxy:
         waited = lease.waited
         retries = CONNECT_RETRIES
         timeouts = self._timeouts(config)
-        head = exchange.head
+        request = PodRequest.of(exchange, pod_headers)
         while True:
             record.pod = lease.pod
             if waited and exchange.client_gone():
@@ -495,16 +495,7 @@ class Proxy:
                 raise ClientGone("the client hung up as its slot came")
             sent_at = time.monotonic()
             try:
-                response = self._pod_client(lease.pod, config.protocol).request(
-                    head.method,
-                    head.target,
-                    pod_headers,
-                    exchange,
-                    head.framing,
-                    head.content_length,
-                    timeouts,
-                    exchange.interim,
-                )
+                response = self._pod_client(lease.pod, config.protocol).request(request, timeouts)
             except UpstreamConnectError as error:
                 lease.failed(error.kind)
                 if may_retry_elsewhere(error.kind, error.connected, error.body_read, retries, self.stopping):
@@ -625,18 +616,9 @@ class Proxy:
         record.pod = f"peer:{target.address}"
         hop = f"peer {self.self_name}"
         pod_headers = [*pod_headers, (b"X-Activator-Forwarded", (f"{marker}, {hop}" if marker else hop).encode())]
-        head = exchange.head
+        request = PodRequest.of(exchange, pod_headers)
         with CancelWhenGone(exchange, True, "the client hung up while its forwarded request waited"):
-            response = self._pod_client(target.address, HTTP1).request(
-                head.method,
-                head.target,
-                pod_headers,
-                exchange,
-                head.framing,
-                head.content_length,
-                self._timeouts(config, forwarding=True),
-                exchange.interim,
-            )
+            response = self._pod_client(target.address, HTTP1).request(request, self._timeouts(config, forwarding=True))
         self._relay(exchange, response, record, None)
 
 

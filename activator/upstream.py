@@ -66,8 +66,8 @@ import ipaddress
 import select
 import socket
 import time
-from collections.abc import Iterator, Sequence
-from typing import Any, Protocol
+from collections.abc import Iterator
+from typing import Any
 
 import httptools
 from gevent import socket as gsocket
@@ -84,9 +84,9 @@ from .core.errors import (
 from .core.heads import BodyFraming, Header, ResponseHead, add_line, response_framing
 from .core.http import header_block
 from .core.timeouts import Timeouts
-from .exchange import InterimCallback, PodResponse
+from .exchange import BodySource, PodRequest, PodResponse
 
-__all__ = ["BodySource", "FixedBody", "PodConnection", "UpstreamPool"]
+__all__ = ["FixedBody", "PodConnection", "UpstreamPool"]
 
 #: Size of one recv from the pod and of one read from the request body.
 BLOCK_SIZE = 65536
@@ -106,25 +106,6 @@ _TCP_QUICKACK = getattr(socket, "TCP_QUICKACK", None)
 _HEAD_END = b"\r\n\r\n"
 _TRAILING_WHITESPACE = (b" ", b"\t")
 _LAST_CHUNK = b"0\r\n\r\n"
-
-
-class BodySource(Protocol):
-    """The request body as the client sends it (``exchange.ClientExchange`` is one)."""
-
-    @property
-    def trailers(self) -> Sequence[Header]:
-        """The request's trailers, once its body ended."""
-
-    def read(self, size: int = ...) -> bytes: ...
-
-    def raise_known_error(self) -> None: ...
-
-    def buffered(self) -> bool: ...
-
-    def exhausted(self) -> bool:
-        """Every byte was read and the body ended whole: the next read is b"" (no waiting)."""
-
-    def wait_for_body(self, pod_fd: int, timeout: float) -> bool: ...
 
 
 class FixedBody:
@@ -252,30 +233,19 @@ class UpstreamPool:
             conn.abort()
         return None
 
-    def request(
-        self,
-        method: str,
-        target: bytes,
-        headers: list[Header],
-        body: BodySource | None,
-        framing: BodyFraming,
-        content_length: int | None,
-        timeouts: Timeouts,
-        interim: InterimCallback | None = None,
-    ) -> PodConnection:
+    def request(self, request: PodRequest, timeouts: Timeouts) -> PodConnection:
         """Send one request; return once the final response head (or an early answer) came.
 
-        ``headers``: the end-to-end header lines (``core.http.pod_request_headers``); this
-        adds the framing line. ``framing``/``content_length``: how ``body`` is sent.
-        The connection returned carries the response: read it, then ``close()`` it.
+        This adds the framing line to ``request.headers``. The connection returned carries
+        the response: read it, then ``close()`` it.
         """
         conn = self._take()
         reused = conn is not None
         if conn is None:
             conn = self._connect(timeouts.connect)
-        conn.begin(method, body, framing, content_length, timeouts, interim)
+        conn.begin(request, timeouts)
         try:
-            payload = conn.first_write(target, header_block(headers))
+            payload = conn.first_write(request.target, header_block(request.headers))
         except BaseException:
             conn.abort()
             raise
@@ -289,9 +259,9 @@ class UpstreamPool:
                 try:
                     fresh = self._connect(timeouts.connect)
                 except UpstreamConnectError as error:
-                    error.body_read = framing is not BodyFraming.NONE  # the first write took it
+                    error.body_read = request.framing is not BodyFraming.NONE  # the first write took it
                     raise
-                fresh.begin(method, body, framing, content_length, timeouts, interim)
+                fresh.begin(request, timeouts)
                 fresh.replayable = conn.replayable
                 conn = fresh
         conn.run(payload, reused=False)
@@ -349,26 +319,18 @@ class PodConnection(PodResponse):
     def __repr__(self) -> str:
         return f"<PodConnection {self.pool.where} {self.head.status} {self.framing.value}>"
 
-    def begin(
-        self,
-        method: str,
-        body: BodySource | None,
-        framing: BodyFraming,
-        content_length: int | None,
-        timeouts: Timeouts,
-        interim: InterimCallback | None,
-    ) -> None:
+    def begin(self, request: PodRequest, timeouts: Timeouts) -> None:
         """Start a new exchange on this connection."""
         if self._parser is None:
             self._parser = httptools.HttpResponseParser(self)
             self._parser.set_dangerous_leniencies(lenient_optional_cr_before_lf=True)
-        self._method = method
+        method = self._method = request.method
         self._head_only = method == "HEAD"
-        self._body = body
-        self._framing_out = framing
-        self._length_out = content_length
+        self._body = request.body
+        self._framing_out = request.framing
+        self._length_out = request.content_length
         self._timeouts = timeouts
-        self._interim = interim
+        self._interim = request.interim
         self._remaining = 0
         self._sent_at = 0.0
         self.replayable = True

@@ -123,9 +123,9 @@ from .core.errors import (
 from .core.heads import BodyFraming, Header, response_framing
 from .core.http import h2_request_fields, h2_trailer_fields
 from .core.timeouts import Timeouts
-from .exchange import InterimCallback, PodResponse
+from .exchange import BodySource, InterimCallback, PodRequest, PodResponse
 from .h2wire import RECV_SIZE, FrameScanner, H2Wire
-from .upstream import BLOCK_SIZE, BodySource
+from .upstream import BLOCK_SIZE
 
 __all__ = ["H2PodPool", "H2PodStream"]
 
@@ -229,30 +229,17 @@ class H2PodPool:
         for connection in list(self._connections):
             connection.retire()
 
-    def request(
-        self,
-        method: str,
-        target: bytes,
-        headers: list[Header],
-        body: BodySource | None,
-        framing: BodyFraming,
-        content_length: int | None,
-        timeouts: Timeouts,
-        interim: InterimCallback | None = None,
-    ) -> H2PodStream:
-        """Send one request on a stream; return once the final response head came.
-
-        ``headers``: the end-to-end header lines (``core.http.pod_request_headers``);
-        ``framing``/``content_length``: how ``body`` is sent (it streams on after this
-        returns). Read the response, then ``close()`` it.
+    def request(self, request: PodRequest, timeouts: Timeouts) -> H2PodStream:
+        """Send one request on a stream; return once the final response head came (the
+        body streams on after this returns). Read the response, then ``close()`` it.
         """
         started = time.monotonic()
-        if body is not None and framing is not BodyFraming.NONE:
-            body.raise_known_error()  # a request whose framing is already known broken reaches no pod
+        if request.body is not None and request.framing is not BodyFraming.NONE:
+            request.body.raise_known_error()  # a request whose framing is already known broken reaches no pod
         for _ in range(CONNECTION_ATTEMPTS):
             connection = self._connection_for_a_stream(timeouts)
             connection.wait_ready()
-            stream = connection.open_stream(method, target, headers, body, framing, content_length, timeouts, interim)
+            stream = connection.open_stream(request, timeouts)
             if stream is not None:
                 break
             # It went away, or the pod's SETTINGS allow fewer streams than waited for it.
@@ -387,17 +374,7 @@ class H2PodConnection(H2Wire):
         if not self.ready and cause is not None:
             raise cause.before_head(body_read=False)
 
-    def open_stream(
-        self,
-        method: str,
-        target: bytes,
-        headers: list[Header],
-        body: BodySource | None,
-        framing: BodyFraming,
-        content_length: int | None,
-        timeouts: Timeouts,
-        interim: InterimCallback | None,
-    ) -> H2PodStream | None:
+    def open_stream(self, request: PodRequest, timeouts: Timeouts) -> H2PodStream | None:
         """Send the request's HEADERS on a new stream (its pump starts if it has a body);
         None if this connection takes no new stream now. Does not yield."""
         if self.dead or self.going_away:
@@ -414,18 +391,21 @@ class H2PodConnection(H2Wire):
         except h2.exceptions.NoAvailableStreamIDError:
             self.retire()  # its stream ids are used up: new streams go to a new connection
             return None
-        has_body = (
-            body is not None
-            and framing is not BodyFraming.NONE
-            and not (framing is BodyFraming.LENGTH and not content_length)
+        has_body = request.has_body
+        fields = h2_request_fields(
+            request.method,
+            request.target,
+            request.headers,
+            self.pool.where.encode(),
+            request.framing,
+            request.content_length,
         )
-        fields = h2_request_fields(method, target, headers, self.pool.where.encode(), framing, content_length)
         self.send_headers(stream_id, fields, end_stream=not has_body)
-        stream = H2PodStream(self, stream_id, method, timeouts, interim)
+        stream = H2PodStream(self, stream_id, request.method, timeouts, request.interim)
         self.streams[stream_id] = stream
         if has_body:
-            assert body is not None
-            stream.start_upload(body, framing, content_length)
+            assert request.body is not None
+            stream.start_upload(request.body, request.framing, request.content_length)
         else:
             stream.upload_ended()
         return stream

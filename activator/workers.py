@@ -138,21 +138,14 @@ class Supervisor:
     # -- status -----------------------------------------------------------------
 
     def _fetch(self, worker: Worker, path: str) -> tuple[int, bytes]:
-        from .core.heads import BodyFraming
         from .core.timeouts import Timeouts
+        from .exchange import PodRequest
         from .upstream import UpstreamPool
 
         host, _, port = worker.admin_address.rpartition(":")
         pool = UpstreamPool(host, int(port), max_idle=0)
-        response = pool.request(
-            "GET",
-            path.encode(),
-            [(b"Host", worker.admin_address.encode())],
-            None,
-            BodyFraming.NONE,
-            None,
-            Timeouts(2.0, 5.0, total=5.0),
-        )
+        request = PodRequest("GET", path.encode(), [(b"Host", worker.admin_address.encode())])
+        response = pool.request(request, Timeouts(2.0, 5.0, total=5.0))
         try:
             return response.head.status, b"".join(response.body())
         finally:

@@ -57,7 +57,7 @@ from activator.core.errors import (
 from activator.core.failures import CONNECT_RETRIES, FailureKind, may_retry_elsewhere
 from activator.core.heads import BodyFraming, Header
 from activator.core.timeouts import Timeouts
-from activator.exchange import InterimCallback
+from activator.exchange import InterimCallback, PodRequest
 from activator.upstream import (
     BLOCK_SIZE,
     MAX_POD_FIELD_BYTES,
@@ -242,7 +242,7 @@ def send(
     framing = BodyFraming.NONE if body is None else BodyFraming.CHUNKED if length is None else BodyFraming.LENGTH
     if headers is None:
         headers = host_line(pool.port)
-    return pool.request(method, target, headers, body, framing, length, timeouts, interim=interim)
+    return pool.request(PodRequest(method, target, headers, body, framing, length, interim), timeouts)
 
 
 def read_to_end(response: PodConnection) -> bytes:

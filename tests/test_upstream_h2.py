@@ -41,6 +41,7 @@ from h2_helpers import eventually
 from h2_pod import H2Pod, PodRequest
 from upstream_backend import RawBackend, pattern
 
+from activator import exchange
 from activator.core.errors import (
     ClientGone,
     UpstreamBadResponse,
@@ -202,7 +203,7 @@ def send(
     framing = BodyFraming.NONE if body is None else BodyFraming.CHUNKED if length is None else BodyFraming.LENGTH
     if headers is None:
         headers = host_line(pool.port)
-    return pool.request(method, target, headers, body, framing, length, timeouts, interim=interim)
+    return pool.request(exchange.PodRequest(method, target, headers, body, framing, length, interim), timeouts)
 
 
 def read_to_end(response: H2PodStream) -> bytes:
