@@ -120,6 +120,18 @@ class HttpServer:
         """Stop accepting (the listener is closed); open connections go on."""
         self._server.close()
 
+    def renew_connections(self) -> None:
+        """The listener changed (a new TLS certificate): the connections made before it
+        end gracefully, so that their clients come back to the new one. HTTP/2 ones get
+        their GOAWAY now (the streams under way finish), HTTP/1.x ones close after the
+        answer in progress (or now, when idle). Does not yield."""
+        for h2 in list(self._h2):
+            h2.stop()
+        for conn, greenlet in list(self.connections.items()):
+            conn.closing = True
+            if conn not in self._busy:
+                greenlet.kill(block=False)
+
     def begin_stop(self) -> None:
         """A graceful stop begins: every later answer closes its HTTP/1.x connection, and
         every HTTP/2 connection gets its GOAWAY now (the streams under way finish, the
@@ -201,7 +213,7 @@ class HttpServer:
 
     def _serve(self, conn: H1Connection) -> None:
         while True:
-            conn.closing = self.stopping
+            conn.closing = conn.closing or self.stopping
             try:
                 exchange = conn.next_exchange()
             except ActivatorError as refusal:
