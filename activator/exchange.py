@@ -304,12 +304,6 @@ class PodRequest:
     content_length: int | None = None
     interim: InterimCallback | None = None
 
-    @classmethod
-    def of(cls, exchange: ClientExchange, headers: list[Header]) -> PodRequest:
-        """A client's request as it goes on to a pod (or a peer), with these header lines."""
-        head = exchange.head
-        return cls(head.method, head.target, headers, exchange, head.framing, head.content_length, exchange.interim)
-
     @property
     def has_body(self) -> bool:
         """Whether body bytes are to be sent (not for no body or a zero length)."""

@@ -416,10 +416,17 @@ class H1Connection(deadlines.Watched):
         if self._field_bytes > self.max_header_bytes:
             section = "trailer" if exchange.head_done else "header"
             raise HeadersTooLarge(f"{section} section over {self.max_header_bytes} bytes")
+        if value[-1:] in heads.TRAILING_WHITESPACE:  # not part of the value (RFC 9110 5.5)
+            value = value.rstrip(b" \t")
         if exchange.head_done:  # a trailer of a chunked body
-            exchange.trailers = heads.add_line(exchange.trailers, (name, value.rstrip(b" \t")))
-        else:
-            exchange.head.add_field(name, value)
+            exchange.trailers = heads.add_line(exchange.trailers, (name, value))
+            return
+        head = exchange.head
+        lower = name.lower()
+        head.headers.append((name, value))
+        head.lower_names.append(lower)
+        if lower in heads.NOTED:
+            head.note(lower, value)
 
     def on_headers_complete(self) -> None:
         if self._priming:
@@ -583,6 +590,16 @@ class H1Connection(deadlines.Watched):
             data = self._held + data
             self._held = _NO_BYTES
         self._data_in_feed = False
+        if self._current is None:  # the usual feed: one whole head, a method fed as it came
+            method = data[: data.find(b" ")]
+            if method in FED_AS_IS and data.find(_HEAD_END) == len(data) - 4:
+                self._method = method
+                self._shift = 0
+                rest = self._feed_piece(data, data)
+                if rest is not None:
+                    self._after_upgrade_head(rest)  # nothing followed the head: nothing to parse
+                self._limit_fields(len(data))  # a body still to come
+                return
         fed = 0
         while data and not self._stopped and not self._upgraded:
             current = self._current

@@ -51,7 +51,9 @@ request (one slot per stream). Its rules:
   WINDOW_UPDATE (its greenlet blocks, the others go on) for at most ``client_timeout``,
   then it is reset (``CANCEL``). A ``write`` returns at once while less than
   ``OUTBOUND_HIGH_WATER`` (64 KiB) of it is unsent, else once its bytes were handed to
-  the kernel; ``finish`` always waits for that.
+  the kernel; ``finish`` returns once its frames are queued for the writer (which sends
+  them before anything the next greenlet makes), and waits for the kernel too when more
+  than that is unsent on the connection (a client slow to read).
 - **Memory**, per stream: at most 256 KiB of request body (its window) and the one
   response piece being written; per connection: the streams' windows together, and an
   outbound queue of about 64 KiB plus one piece per writing stream.
@@ -185,7 +187,7 @@ class H2Exchange(ClientExchange):
         "_unflushed",
     )
 
-    def __init__(self, conn: H2ServerConnection, stream_id: int, head: RequestHead, list_size: int) -> None:
+    def __init__(self, conn: H2ServerConnection, stream_id: int, head: RequestHead) -> None:
         super().__init__(head, conn.client_ip, conn.client_ip_bytes, conn.scheme_bytes)
         self.conn = conn
         self.stream_id = stream_id
@@ -210,7 +212,7 @@ class H2Exchange(ClientExchange):
         self._unflushed = 0  # bytes written since the last wait for the kernel
         limits = conn.limits
         try:
-            heads.check_request_head(head, limits.max_body_bytes, list_size, limits.max_header_bytes)
+            heads.check_request_head(head, limits.max_body_bytes, head.list_size, limits.max_header_bytes)
         except ActivatorError as error:
             self.refusal = error
 
@@ -371,7 +373,9 @@ class H2Exchange(ClientExchange):
                 raise ClientGone("the stream cannot be sent on")
             self._ended_by_us = True
             self._maybe_closed()
-        self._flushed(self.conn.mark())
+        mark = self.conn.mark()
+        if mark - self.conn.sent > OUTBOUND_HIGH_WATER:  # a client slow to read: hold on until it took it
+            self._flushed(mark)
         self.finished = True
 
     def answer(self, error: ActivatorError) -> None:
@@ -848,7 +852,7 @@ class H2ServerConnection(H2Wire):
             self.reset(stream_id, ErrorCodes.REFUSED_STREAM)
             return
         self.meter.opened_stream(time.monotonic())
-        exchange = H2Exchange(self, stream_id, head, heads.header_list_size(event.headers))
+        exchange = H2Exchange(self, stream_id, head)
         self.open_streams += 1
         self._streams[stream_id] = exchange
         self._opened.append(exchange)

@@ -397,7 +397,7 @@ class Proxy:
         """
         cancel = config.protocol == H2C or config.client_gone == "cancel"
         try:
-            with CancelWhenGone(exchange, cancel, "the client left while its request ran"):
+            with CancelWhenGone(exchange, "the client left while its request ran") if cancel else _NOT_WATCHED:
                 response = self._send_to_pod(exchange, pod_headers, config, lease, record)
                 if not response.upgraded:
                     self._relay(exchange, response, record, lease)
@@ -487,7 +487,10 @@ class Proxy:
         waited = lease.waited
         retries = CONNECT_RETRIES
         timeouts = self._timeouts(config)
-        request = PodRequest.of(exchange, pod_headers)
+        head = exchange.head
+        request = PodRequest(
+            head.method, head.target, pod_headers, exchange, head.framing, head.content_length, exchange.interim
+        )
         while True:
             record.pod = lease.pod
             if waited and exchange.client_gone():
@@ -616,31 +619,31 @@ class Proxy:
         record.pod = f"peer:{target.address}"
         hop = f"peer {self.self_name}"
         pod_headers = [*pod_headers, (b"X-Activator-Forwarded", (f"{marker}, {hop}" if marker else hop).encode())]
-        request = PodRequest.of(exchange, pod_headers)
-        with CancelWhenGone(exchange, True, "the client hung up while its forwarded request waited"):
+        head = exchange.head
+        request = PodRequest(
+            head.method, head.target, pod_headers, exchange, head.framing, head.content_length, exchange.interim
+        )
+        with CancelWhenGone(exchange, "the client hung up while its forwarded request waited"):
             response = self._pod_client(target.address, HTTP1).request(request, self._timeouts(config, forwarding=True))
         self._relay(exchange, response, record, None)
 
 
 class CancelWhenGone:
-    """Within it (when ``enabled``), a client that goes away ends this greenlet's work with
+    """Within it, a client that goes away ends this greenlet's work with
     ``ClientGone``, thrown where it waits (for a pod's answer, for a forwarded one, on a
     write): the pod client it waits in closes its connection or resets its stream on the
     way out, and the slot goes back at once. The throw is decided in the hub at the moment
     it lands, so that it never reaches code after the block."""
 
-    __slots__ = ("_exchange", "_enabled", "_why", "_greenlet", "_inside")
+    __slots__ = ("_exchange", "_why", "_greenlet", "_inside")
 
-    def __init__(self, exchange: ClientExchange, enabled: bool, why: str) -> None:
+    def __init__(self, exchange: ClientExchange, why: str) -> None:
         self._exchange = exchange
-        self._enabled = enabled
         self._why = why
         self._greenlet = gevent.getcurrent()
         self._inside = False
 
     def __enter__(self) -> None:
-        if not self._enabled:
-            return
         if not self._exchange.watch_gone(self._gone):
             raise ClientGone(self._why)
         self._inside = True
@@ -660,6 +663,21 @@ class CancelWhenGone:
         if self._inside and not self._greenlet.dead:
             self._inside = False
             self._greenlet.throw(ClientGone(self._why))
+
+
+class _NotWatched:
+    """``CancelWhenGone``'s stand-in where the client's leaving cancels nothing."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+_NOT_WATCHED = _NotWatched()
 
 
 class EveryPath:

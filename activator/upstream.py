@@ -81,7 +81,15 @@ from .core.errors import (
     UpstreamConnectError,
     UpstreamTimeout,
 )
-from .core.heads import BodyFraming, Header, ResponseHead, add_line, response_framing
+from .core.heads import (
+    RESPONSE_NOTED,
+    TRAILING_WHITESPACE,
+    BodyFraming,
+    Header,
+    ResponseHead,
+    add_line,
+    response_framing,
+)
 from .core.http import header_block
 from .core.timeouts import Timeouts
 from .exchange import BodySource, PodRequest, PodResponse
@@ -104,7 +112,6 @@ _IPPROTO_TCP = socket.IPPROTO_TCP
 _TCP_NODELAY = socket.TCP_NODELAY
 _TCP_QUICKACK = getattr(socket, "TCP_QUICKACK", None)
 _HEAD_END = b"\r\n\r\n"
-_TRAILING_WHITESPACE = (b" ", b"\t")
 _LAST_CHUNK = b"0\r\n\r\n"
 
 
@@ -580,7 +587,7 @@ class PodConnection(PodResponse):
         self._reason_parts = add_line(self._reason_parts, reason)
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        if value[-1:] in _TRAILING_WHITESPACE:  # not part of the value (RFC 9110 5.5)
+        if value[-1:] in TRAILING_WHITESPACE:  # not part of the value (RFC 9110 5.5)
             value = value.rstrip(b" \t")
         if self.head_done:
             if self.complete:  # a message after this response: not ours
@@ -590,12 +597,12 @@ class PodConnection(PodResponse):
             return
         lower = name.lower()
         head = self.head
-        head.add_field(name, value, lower)
-        if lower == b"transfer-encoding":
-            # llhttp reads a coding list not ending in chunked as "until close"; we do
-            # not relay transfer codings other than chunked (on_headers_complete).
-            head.chunked = value.rsplit(b",", 1)[-1].strip(b" \t").lower() == b"chunked"
-            self._other_coding = not head.chunked
+        head.headers.append((name, value))
+        head.lower_names.append(lower)
+        if lower in RESPONSE_NOTED:
+            head.note(lower, value)
+            if lower == b"transfer-encoding":
+                self._other_coding = not head.chunked  # refused in on_headers_complete
 
     def on_headers_complete(self) -> None:
         if self.head_done:

@@ -51,7 +51,7 @@ from activator.core.errors import (
     UnknownHost,
     UpstreamTimeout,
 )
-from activator.core.heads import BodyFraming, Header, header_list_size
+from activator.core.heads import BodyFraming, Header, RequestHead
 from activator.engine import HttpServer
 from activator.http2 import STREAM_WINDOW, H2Exchange, H2ServerConnection
 
@@ -191,8 +191,8 @@ def ok(exchange: H2Exchange) -> None:
 
 
 def test_header_list_size_counts_as_rfc_9113() -> None:
-    assert header_list_size([]) == 0
-    assert header_list_size([(b":path", b"/"), (b"a", b"bc")]) == (5 + 1 + 32) + (1 + 2 + 32)
+    assert RequestHead.from_h2([], True).list_size == 0
+    assert RequestHead.from_h2([(b":path", b"/"), (b"a", b"bc")], True).list_size == (5 + 1 + 32) + (1 + 2 + 32)
 
 
 @pytest.mark.parametrize(

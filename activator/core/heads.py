@@ -1,16 +1,18 @@
 """Message heads as values, whatever the transport, and the decisions taken on them.
 
 A request head (``RequestHead``) and a pod's response head (``ResponseHead``) are filled
-by either transport: HTTP/1.x from llhttp's callbacks, one ``add_field`` per header line;
-HTTP/2 from one header block (``RequestHead.from_h2``, ``ResponseHead.from_h2``), its
-pseudo-headers mapped onto the same fields (``:method``, ``:path``, ``:authority`` as a
-Host). Everything after that is decided here once, for every transport:
+by either transport: HTTP/1.x from llhttp's callbacks, each header line appended and the
+ones activator looks at noted (``note``, for the names in ``NOTED``); HTTP/2 from one
+header block (``RequestHead.from_h2``, ``ResponseHead.fill_from_h2``), its pseudo-headers
+mapped onto the same fields (``:method``, ``:path``, ``:authority`` as a Host).
+Everything after that is decided here once, for every transport:
 
-- **Field values** (RFC 9110 5.5): leading and trailing SP and HTAB are not part of a
-  value. llhttp trims the leading ones and keeps the trailing ones: ``add_field`` trims
-  those, so ``Transfer-Encoding: chunked `` is chunked and ``Host: a.example `` is
-  ``a.example`` (and they travel trimmed). HTTP/2 forbids them (RFC 9113 8.2.1): such a
-  field makes the stream malformed.
+- **Field values** (RFC 9110 5.5): leading and trailing SP and HTAB
+  (``TRAILING_WHITESPACE``) are not part of a value. llhttp trims the leading ones and
+  keeps the trailing ones, which the HTTP/1.x transport trims before it appends a line,
+  so ``Transfer-Encoding: chunked `` is chunked and ``Host: a.example `` is ``a.example``
+  (and they travel trimmed). HTTP/2 forbids them (RFC 9113 8.2.1): such a field makes the
+  stream malformed.
 - **HTTP/2 fields** (RFC 9113 8.2 and 8.3; ``h2`` runs with its own header validation
   off, so this is the one check): names are lower-case tokens, values carry no NUL, CR or
   LF, connection-specific fields (``connection``, ``keep-alive``, ``proxy-connection``,
@@ -98,7 +100,9 @@ class BodyFraming(enum.Enum):
 #: Statuses whose responses never have a body (RFC 9110 6.4.1), besides 1xx.
 BODILESS_STATUSES = frozenset((204, 304))
 
-_TRAILING_WHITESPACE = (b" ", b"\t")
+#: What a field value may end in that is not part of it (RFC 9110 5.5), as one-byte
+#: values (``value[-1:] in TRAILING_WHITESPACE``: the cheapest test CPython has).
+TRAILING_WHITESPACE = (b" ", b"\t")
 _WHITESPACE = b" \t"
 _TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+\Z")
 #: An HTTP/2 field name: a token without upper-case letters (RFC 9113 8.2.1).
@@ -126,7 +130,8 @@ _F_FORWARDED = b"x-activator-forwarded"
 _F_CONTENT_TYPE = b"content-type"
 _F_GRPC_TIMEOUT = b"grpc-timeout"
 _F_TE = b"te"
-_NOTED = frozenset(
+#: The request fields a head notes as they come (``RequestHead.note``).
+NOTED = frozenset(
     (
         _F_HOST,
         _F_CONTENT_LENGTH,
@@ -170,6 +175,7 @@ class RequestHead:
         "keep_alive",
         "ended",
         "malformed",
+        "list_size",
         "host",
         "framing",
         "upgrade",
@@ -197,6 +203,8 @@ class RequestHead:
         self.ended = False
         #: HTTP/2: why the header block is malformed (RFC 9113 8.1.1), else None.
         self.malformed: str | None = None
+        #: HTTP/2: the header block's size as SETTINGS_MAX_HEADER_LIST_SIZE counts it.
+        self.list_size = 0
         # Decided by ``check_request_head``:
         self.host = ""
         self.framing = BodyFraming.NONE
@@ -205,18 +213,9 @@ class RequestHead:
     def __repr__(self) -> str:
         return f"<RequestHead {self.method} {self.target[:60]!r} HTTP/{self.version}>"
 
-    def add_field(self, name: bytes, value: bytes) -> None:
-        """One HTTP/1.x header line, as llhttp delivered it (its trailing whitespace is
-        trimmed here). Does not check anything llhttp has checked."""
-        if value[-1:] in _TRAILING_WHITESPACE:
-            value = value.rstrip(_WHITESPACE)
-        lower = name.lower()
-        self.headers.append((name, value))
-        self.lower_names.append(lower)
-        if lower in _NOTED:
-            self._note(lower, value)
-
-    def _note(self, lower: bytes, value: bytes) -> None:
+    def note(self, lower: bytes, value: bytes) -> None:
+        """A field activator looks at (``lower``, its lower-cased name, is in ``NOTED``),
+        as the transport adds it to ``headers``."""
         if lower == _F_HOST:
             self.hosts = add_line(self.hosts, value)
         elif lower == _F_CONTENT_LENGTH:
@@ -244,27 +243,40 @@ class RequestHead:
         more); ``malformed`` says why it breaks RFC 9113 8.2-8.3, if it does."""
         head = cls("2")
         head.ended = ended
+        headers = head.headers
+        lower_names = head.lower_names
         pseudo: dict[bytes, bytes] = {}
         malformed = None
+        size = 0
         for name, value in pairs:
+            size += len(name) + len(value)
             if name[:1] == b":":
-                if head.headers or name in pseudo or name not in _REQUEST_PSEUDO:
+                if headers or name in pseudo or name not in _REQUEST_PSEUDO:
                     malformed = f"pseudo-header {name[:40]!r} out of place, repeated or unknown"
                 else:
                     pseudo[name] = value
                 continue
-            wrong = h2_field_malformed(name, value)
-            if wrong is not None:
-                malformed = wrong
-                continue
-            if name in H2_CONNECTION_SPECIFIC or (name == _F_TE and value != b"trailers"):
-                malformed = f"connection-specific field {name!r}"
-                continue
-            head.headers.append((name, value))
-            head.lower_names.append(name)
-            if name in _NOTED:
-                head._note(name, value)
-        head.method = pseudo.get(b":method", b"").decode("latin-1")
+            if name not in _VALID_H2_NAMES or _H2_BAD_VALUE.search(value) is not None:
+                wrong = h2_field_malformed(name, value)
+                if wrong is not None:
+                    malformed = wrong
+                    continue
+            if name in _H2_SPECIAL:
+                if name in H2_CONNECTION_SPECIFIC or (name == _F_TE and value != b"trailers"):
+                    malformed = f"connection-specific field {name!r}"
+                    continue
+                if name in NOTED:
+                    head.note(name, value)
+            headers.append((name, value))
+            lower_names.append(name)
+        head.list_size = size + FIELD_OVERHEAD * len(pairs)
+        method = pseudo.get(b":method", b"")
+        known = _H2_METHODS.get(method)
+        if known is None:
+            if len(_H2_METHODS) >= _VALID_SIZE:
+                _H2_METHODS.clear()
+            known = _H2_METHODS[method] = method.decode("latin-1")
+        head.method = known
         head.target = pseudo.get(b":path", b"")
         if head.method != "CONNECT" and not (head.method and b":scheme" in pseudo and head.target):
             malformed = malformed or "a request without :method, :scheme or :path"
@@ -295,9 +307,12 @@ def h2_field_malformed(name: bytes, value: bytes) -> str | None:
     return None
 
 
-#: HTTP/2 field names already found valid (bounded: they are client input).
+#: HTTP/2 field names already found valid, and methods as str (bounded: client input).
 _VALID_H2_NAMES: set[bytes] = set()
+_H2_METHODS: dict[bytes, str] = {}
 _VALID_SIZE = 4096
+#: The HTTP/2 fields ``from_h2`` looks at beyond their syntax.
+_H2_SPECIAL = H2_CONNECTION_SPECIFIC | {_F_TE} | NOTED
 
 
 def trailer_fields_malformed(pairs: Sequence[Header]) -> str | None:
@@ -309,11 +324,6 @@ def trailer_fields_malformed(pairs: Sequence[Header]) -> str | None:
         if wrong is not None:
             return wrong
     return None
-
-
-def header_list_size(pairs: Sequence[Header]) -> int:
-    """A header block's size as SETTINGS_MAX_HEADER_LIST_SIZE counts it (RFC 9113 6.5.2)."""
-    return sum(len(name) + len(value) + FIELD_OVERHEAD for name, value in pairs)
 
 
 # -- the request check -----------------------------------------------------------------
@@ -344,7 +354,8 @@ def check_request_head(
         check_target(method, target)
     if version == "2" and _TARGET_BYTES.match(target) is None:
         raise BadRequest(f"request target {target[:100]!r} has bytes an HTTP/1.1 request line cannot carry")
-    head.framing = request_framing(head, max_body_bytes)
+    if head.content_length is not None or head.transfer_encodings or version == "2":
+        head.framing = request_framing(head, max_body_bytes)
     head.host = request_host(version, head.hosts)
     if head.upgrade_value is not None and version == "1.1":
         head.upgrade = wants_tunnel(head)
@@ -510,8 +521,9 @@ def refusal_of_head(reason: str) -> ActivatorError:
 class ResponseHead:
     """A pod's final response head, whatever the transport that carried it.
 
-    Filled by the pod client: HTTP/1.1 from llhttp's callbacks (``add_field``), HTTP/2
-    from the ``:status`` and fields of a HEADERS frame (``from_h2``). ``reason`` is
+    Filled by the pod client: HTTP/1.1 from llhttp's callbacks (each line appended, the
+    ones in ``RESPONSE_NOTED`` noted), HTTP/2 from the ``:status`` and fields of a
+    HEADERS frame (``fill_from_h2``). ``reason`` is
     empty in HTTP/2 (it has none).
     """
 
@@ -528,21 +540,31 @@ class ResponseHead:
         #: The body is chunked (HTTP/1.1: the last transfer coding says so).
         self.chunked = False
 
-    def add_field(self, name: bytes, value: bytes, lower: bytes) -> None:
-        """One header line (``lower``: its name lower-cased)."""
-        self.headers.append((name, value))
-        self.lower_names.append(lower)
+    def note(self, lower: bytes, value: bytes) -> None:
+        """A field activator looks at (``lower`` is in ``RESPONSE_NOTED``), as the pod
+        client adds it to ``headers``."""
         if lower == _F_CONTENT_LENGTH:
             if self.content_length is None:
                 self.content_length = int(value)  # llhttp / h2 have checked it
         elif lower == _F_CONNECTION:
             self.connection_values = add_line(self.connection_values, value)
+        else:
+            # llhttp reads a coding list not ending in chunked as "until close"; the pod
+            # client refuses codings other than chunked.
+            self.chunked = value.rsplit(b",", 1)[-1].strip(_WHITESPACE).lower() == b"chunked"
 
     def fill_from_h2(self, status: int, fields: Sequence[Header]) -> None:
         """The final head of an HTTP/2 stream: ``fields`` without the pseudo-headers."""
         self.status = status
+        self.headers = list(fields)
+        self.lower_names = [name for name, _ in fields]
         for name, value in fields:
-            self.add_field(name, value, name)
+            if name in RESPONSE_NOTED:
+                self.note(name, value)
+
+
+#: The response fields a head notes (``ResponseHead.note``).
+RESPONSE_NOTED = frozenset((_F_CONTENT_LENGTH, _F_CONNECTION, _F_TRANSFER_ENCODING))
 
 
 def response_framing(method: str, head: ResponseHead, *, http2: bool, ended: bool = False) -> BodyFraming:
