@@ -203,6 +203,30 @@ def test_h2load_gets_every_answer_and_no_pod_exceeds_its_limit(
     settle(act, pods, cc=2)
 
 
+def test_h2load_with_more_streams_than_the_limit_on_one_connection_gets_every_answer(
+    pod_factory: PodFactory, activator_factory: ActivatorFactory
+) -> None:
+    # 300 streams at once on one connection, over the advertised 256: nghttp2 holds back
+    # what the limit does not allow once it knows it (its first flight may exceed it), and
+    # activator counts streams as RFC 9113 does: no stream is refused, none errs.
+    pods = pod_factory(2)
+    act = activator_factory(make_config(pods, container_concurrency=0, queue_depth=1000, queue_timeout="60s"))
+    run = subprocess.run(
+        ["h2load", "-n", "3000", "-c", "1", "-m", "300", f"http://{act.listen}/delay?ms=1"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    out = run.stdout
+    assert run.returncode == 0, out + run.stderr
+    requests = re.search(
+        r"requests: (\d+) total, (\d+) started, (\d+) done, (\d+) succeeded, (\d+) failed, (\d+) errored", out
+    )
+    assert requests and requests.groups() == ("3000", "3000", "3000", "3000", "0", "0"), out
+    act.wait_idle()
+
+
 def hold_with_upload(client: H2Client, act: Activator, request_id: str) -> int:
     """Open a stream that holds the only slot until the test ends its request body (the
     backend's ``/upload`` reads to the end before it answers); its stream id."""
