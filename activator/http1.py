@@ -103,9 +103,6 @@ _STAND_IN = b"GET"
 _REQUEST_START = re.compile(rb"(?:\r\n)*([!#$%&'*+\-.^_`|~0-9A-Za-z]+) ")
 #: What may still become one: empty lines, then part of a token (or a lone CR).
 _PARTIAL_START = re.compile(rb"(?:\r\n)*(?:\r|[!#$%&'*+\-.^_`|~0-9A-Za-z]*)\Z")
-#: Method names as str, by their bytes (bounded: they are client input).
-_METHODS: dict[bytes, str] = {}
-_METHODS_SIZE = 1024
 #: Heads that put a fresh parser in the body of a declined Upgrade request.
 _PRIMED_LENGTH = b"PUT / HTTP/1.1\r\nContent-Length: %d\r\n\r\n"
 _PRIMED_CHUNKED = b"PUT / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
@@ -438,12 +435,7 @@ class H1Connection(deadlines.Watched):
         head = exchange.head
         head.target = target = parts[0] if len(parts) == 1 else b"".join(parts)
         token, self._method = self._method, _NO_BYTES  # a message begun mid-piece has none: refused
-        method = _METHODS.get(token)
-        if method is None:
-            if len(_METHODS) >= _METHODS_SIZE:
-                _METHODS.clear()
-            method = _METHODS[token] = token.decode("latin-1")
-        head.method = method
+        head.method = heads.method_name(token)
         head.version = version = parser.get_http_version()
         head.keep_alive = parser.should_keep_alive()
         try:

@@ -270,13 +270,7 @@ class RequestHead:
             headers.append((name, value))
             lower_names.append(name)
         head.list_size = size + FIELD_OVERHEAD * len(pairs)
-        method = pseudo.get(b":method", b"")
-        known = _H2_METHODS.get(method)
-        if known is None:
-            if len(_H2_METHODS) >= _VALID_SIZE:
-                _H2_METHODS.clear()
-            known = _H2_METHODS[method] = method.decode("latin-1")
-        head.method = known
+        head.method = method_name(pseudo.get(b":method", b""))
         head.target = pseudo.get(b":path", b"")
         if head.method != "CONNECT" and not (head.method and b":scheme" in pseudo and head.target):
             malformed = malformed or "a request without :method, :scheme or :path"
@@ -309,8 +303,18 @@ def h2_field_malformed(name: bytes, value: bytes) -> str | None:
 
 #: HTTP/2 field names already found valid, and methods as str (bounded: client input).
 _VALID_H2_NAMES: set[bytes] = set()
-_H2_METHODS: dict[bytes, str] = {}
+_METHODS: dict[bytes, str] = {}
 _VALID_SIZE = 4096
+
+
+def method_name(token: bytes) -> str:
+    """A method as the client spelled it, as str (from a bounded cache: methods repeat)."""
+    name = _METHODS.get(token)
+    if name is None:
+        if len(_METHODS) >= _VALID_SIZE:
+            _METHODS.clear()
+        name = _METHODS[token] = token.decode("latin-1")
+    return name
 #: The HTTP/2 fields ``from_h2`` looks at beyond their syntax.
 _H2_SPECIAL = H2_CONNECTION_SPECIFIC | {_F_TE} | NOTED
 
