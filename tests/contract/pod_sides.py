@@ -92,6 +92,11 @@ class PodExchange:
     #: ``await_abandoned`` saw the client give the exchange up.
     abandoned = False
 
+    @property
+    def client_left(self) -> bool:
+        """Whether the client left the exchange (h2c: reset its stream) as far as the pod knows."""
+        return False
+
     def read_body(self) -> bytes:
         """Wait for the whole request body (and its trailers); fills ``received``."""
         raise NotImplementedError
@@ -169,7 +174,10 @@ class ScriptedPod:
         try:
             script(exchange)
         except Exception as error:
-            self.errors.append(error)
+            # A write the client's leaving made fail (a closed connection, a reset
+            # stream) is not the script's failure.
+            if not (isinstance(error, OSError) or exchange.client_left):
+                self.errors.append(error)
 
     def close(self) -> None:
         raise NotImplementedError
@@ -299,6 +307,10 @@ class H2PodExchange(PodExchange):
         self.request = request
         self.received = _received(request.method or b"", request.path or b"", request.headers)
 
+    @property
+    def client_left(self) -> bool:
+        return self.request.reset_code is not None or self.request.connection.closed.is_set()
+
     def read_body(self) -> bytes:
         self.received.body = self.request.read_all()
         self.received.trailers = list(self.request.trailers)
@@ -381,8 +393,9 @@ class ClientBody:
     """A client's request body as a pod client reads it (``upstream.BodySource``).
 
     Its pieces are all in hand (``buffered()``); after the last, a read raises ``error``
-    if one is given. ``known``: the error is known before the first byte goes out
-    (``raise_known_error``), as for a broken framing that came with the head.
+    if one is given. ``known``: the error came with what arrived (a broken chunk in the
+    packet of the head): as ``exchange.ClientExchange`` does, ``raise_known_error``
+    raises it once no piece is left to read.
     """
 
     def __init__(
@@ -398,7 +411,7 @@ class ClientBody:
         self.known = known
 
     def read(self, size: int = 65536) -> bytes:
-        if self.known or not self._pieces:
+        if not self._pieces:
             if self.error is not None:
                 raise self.error
             return b""
@@ -409,7 +422,7 @@ class ClientBody:
         return piece
 
     def raise_known_error(self) -> None:
-        if self.known and self.error is not None:
+        if self.known and self.error is not None and not self._pieces:
             raise self.error
 
     def buffered(self) -> bool:
