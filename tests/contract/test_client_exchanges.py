@@ -7,15 +7,16 @@ does (``client_sides``). What is covered: the head as the proxy sees it (method,
 version, host, the header lines in order with ``lower_names``, ``forwarded``,
 ``content_type``, ``grpc_timeout``, ``upgrade``, the framing); the body read in pieces as
 it comes, of known and of unknown length (with trailers), ``read(size)``,
-``Expect: 100-continue`` answered at the first read and not before, ``buffered`` and
-``raise_known_error``; the response: ``start``/``write``/``finish`` with a length, a
-stream of unknown length with trailers, a bodiless 204, an answer to HEAD, ``flush``, a
-103 before it; ``answer(error)`` for an ``ActivatorError`` (plain and gRPC-shaped, with
-``x-activator-reason`` and ``retry-after``; replacing a head not sent yet; a cut once the
-head is out), ``cut()``; ``watch_gone``/``unwatch_gone``/``client_gone`` when the client
-goes away (an HTTP/1.1 hang-up, an HTTP/2 stream reset) and a write after it; and the
-record of what was sent (``bytes_sent``, ``status``, ``started``, ``finished``,
-``was_cut``).
+``Expect: 100-continue`` answered at the first read and not before, ``buffered``,
+``raise_known_error`` and ``wait_for_body`` (the body, the pod, or neither first); the
+response: ``start``/``write``/``finish`` with a length, a stream of unknown length with
+trailers, a bodiless 204, an answer to HEAD, ``flush``, a 103 before it (and none after
+the final head began, and never a 100); ``answer(error)`` for an ``ActivatorError``
+(plain and gRPC-shaped, with ``x-activator-reason`` and ``retry-after``; to HEAD;
+replacing a head not sent yet; a cut once the head is out), ``cut()`` (seen by the client
+at once); ``watch_gone``/``unwatch_gone``/``client_gone`` when the client goes away (an
+HTTP/1.1 hang-up, an HTTP/2 stream reset) and a write after it; and the record of what
+was sent (``bytes_sent``, ``status``, ``started``, ``finished``, ``was_cut``).
 
 A test body never asks which transport it runs on: what differs is a property of the
 adapter. Handlers note what they saw (``notes``) and the test body asserts on it once they
@@ -29,12 +30,15 @@ from typing import Any
 
 import gevent.event
 import pytest
-from client_sides import BOUND, SIDES, ClientSide
+from client_sides import BOUND, SIDES, ClientSide, wait_for
 from gevent import socket as gsocket
 
 from activator.core.errors import BodyTooLarge, ClientGone, ClientTimeout, QueueFull, QueueTimeout
 from activator.core.heads import BodyFraming, Header
 from activator.exchange import ClientExchange
+
+#: How long a handler waits, after ``cut()``, for its client to see the cut.
+CUT_SEEN_BOUND = 2.0
 
 
 @pytest.fixture
@@ -231,7 +235,9 @@ def test_buffered_says_whether_the_body_is_here_without_waiting(client_side: Cli
             looked.set()
         else:
             notes["with the head"] = exchange.buffered()
-        respond(exchange, read_all(exchange))
+        body = read_all(exchange)
+        notes[f"after the end of {exchange.head.target.decode()}"] = exchange.buffered()
+        respond(exchange, body)
 
     app, client = client_side.serve(handler)
     answer = client.answer(client.request(b"POST", b"/with-head", body=b"data"))
@@ -242,7 +248,12 @@ def test_buffered_says_whether_the_body_is_here_without_waiting(client_side: Cli
     answer = client.answer(rid)
     assert (answer.status, answer.body) == (200, b"data")
     app.wait_returned(2)
-    assert notes == {"with the head": True, "nothing yet": False}
+    assert notes == {
+        "with the head": True,
+        "after the end of /with-head": True,
+        "nothing yet": False,
+        "after the end of /later": True,
+    }
 
 
 @pytest.mark.discrepancy(
@@ -275,32 +286,40 @@ def test_raise_known_error_raises_a_body_error_that_came_with_the_head(client_si
 
 
 def test_wait_for_body_says_whether_the_body_or_the_pod_came_first(client_side: ClientSide) -> None:
+    targets = (b"/body-first", b"/pod-first", b"/neither")
     notes: dict[bytes, Any] = {}
-    waiting = gevent.event.Event()
+    waiting = {target: gevent.event.Event() for target in targets}
+    decided = {target: gevent.event.Event() for target in targets}
     # What the exchange watches beside its client: a pod's socket, one per request.
-    pods = {target: gsocket.socketpair() for target in (b"/body-first", b"/pod-first", b"/neither")}
+    pods = {target: gsocket.socketpair() for target in targets}
 
     def handler(exchange: ClientExchange) -> None:
         target = exchange.head.target
         pod, peer = pods[target]
         if target == b"/pod-first":
             peer.sendall(b"an early answer")
-        waiting.set()
+        waiting[target].set()
         try:
             notes[target] = exchange.wait_for_body(pod.fileno(), BOUND if target != b"/neither" else 0.1)
         except ClientTimeout as error:
             notes[target] = error
             raise
+        decided[target].set()
         respond(exchange, read_all(exchange))
 
     app, client = client_side.serve(handler)
     try:
-        for target in (b"/body-first", b"/pod-first"):
-            waiting.clear()
-            rid = client.request(b"POST", target, length=4, more=True)
-            wait(waiting)
-            client.send(rid, b"data", end=True)
-            assert client.answer(rid).body == b"data"
+        # The body comes while the exchange waits.
+        rid = client.request(b"POST", b"/body-first", length=4, more=True)
+        wait(waiting[b"/body-first"])
+        client.send(rid, b"data", end=True)
+        assert client.answer(rid).body == b"data"
+        # The pod spoke first: the body is sent only once the wait returned.
+        rid = client.request(b"POST", b"/pod-first", length=4, more=True)
+        wait(decided[b"/pod-first"])
+        client.send(rid, b"data", end=True)
+        assert client.answer(rid).body == b"data"
+        # Neither.
         answer = client.answer(client.request(b"POST", b"/neither", length=4, more=True))
         app.wait_returned(3)
     finally:
@@ -390,6 +409,37 @@ def test_a_103_goes_before_the_answer(client_side: ClientSide) -> None:
     assert record(app.wait_returned()) == (200, 2, True, True, False)
 
 
+def test_an_interim_after_the_final_head_began_is_not_sent(client_side: ClientSide) -> None:
+    def handler(exchange: ClientExchange) -> None:
+        exchange.start(200, b"OK", [(b"Content-Length", b"2")], BodyFraming.LENGTH)
+        exchange.interim(103, b"Early Hints", [(b"Link", b"</late.css>; rel=preload")])
+        exchange.write(b"ok")
+        exchange.finish()
+
+    app, client = client_side.serve(handler)
+    answer = client.answer(client.request(b"GET", b"/"))
+    assert (answer.interims, answer.status, answer.body) == ([], 200, b"ok")
+    assert record(app.wait_returned()) == (200, 2, True, True, False)
+
+
+@pytest.mark.discrepancy(
+    "http1",
+    reason="H1Exchange.interim relays any 1xx, 100 included; H2Exchange.interim drops 100 (and 101): "
+    "100 Continue is activator's own to give, at the first read of an Expect request",
+)
+def test_a_100_is_never_relayed(client_side: ClientSide) -> None:
+    def handler(exchange: ClientExchange) -> None:
+        exchange.interim(100, b"Continue", [])
+        exchange.interim(103, b"Early Hints", [])
+        respond(exchange)
+
+    app, client = client_side.serve(handler)
+    answer = client.answer(client.request(b"GET", b"/"))
+    assert [status for status, _ in answer.interims] == [103]
+    assert (answer.status, answer.body) == (200, b"ok")
+    app.wait_returned()
+
+
 def test_the_head_goes_out_with_the_first_write_or_at_flush(client_side: ClientSide) -> None:
     started = gevent.event.Event()
     flush = gevent.event.Event()
@@ -437,6 +487,28 @@ def test_an_error_is_answered_with_its_reason_and_retry_after(client_side: Clien
     assert answer.header(b"retry-after") == b"1"
     assert answer.header(b"content-type") == b"text/plain; charset=utf-8"
     assert record(app.wait_returned()) == (503, len(answer.body), True, True, False)
+
+
+@pytest.mark.discrepancy(
+    "http1",
+    reason="H1Exchange.answer sends core.http.own_answer's bytes, body included, whatever the method: an "
+    "answer to HEAD carries a body its client does not read, which then reads as the start of the next "
+    "response on the connection; H2Exchange.answer sends no body for HEAD",
+)
+def test_an_error_answered_to_head_has_no_body(client_side: ClientSide) -> None:
+    def handler(exchange: ClientExchange) -> None:
+        if exchange.head.method == "HEAD":
+            raise QueueFull()
+        respond(exchange, b"after")
+
+    app, client = client_side.serve(handler)
+    answer = client.answer(client.request(b"HEAD", b"/"))
+    assert (answer.status, answer.body, answer.ended) == (503, b"", True)
+    assert answer.header(b"x-activator-reason") == b"queue-full"
+    # Where the answer ended is where the client saw it end: the connection goes on.
+    after = client.answer(client.request(b"GET", b"/"))
+    assert (after.status, after.body) == (200, b"after")
+    app.wait_returned(2)
 
 
 def test_a_grpc_request_gets_its_error_as_a_grpc_status(client_side: ClientSide) -> None:
@@ -492,6 +564,31 @@ def test_cut_abandons_the_response(client_side: ClientSide) -> None:
     assert record(app.wait_returned()) == (200, 4, True, True, True)
 
 
+@pytest.mark.discrepancy(
+    "http1",
+    reason="H1Exchange.cut() only marks the connection cut; the engine closes it once the application "
+    "returned, so the client waits for whatever the application does after cut(); H2Exchange.cut() "
+    "resets the stream at once",
+)
+def test_the_client_sees_a_cut_at_once(client_side: ClientSide) -> None:
+    seen = gevent.event.Event()
+    notes: dict[str, bool] = {}
+
+    def handler(exchange: ClientExchange) -> None:
+        exchange.start(200, b"OK", [(b"Content-Length", b"10")], BodyFraming.LENGTH)
+        exchange.write(b"part")
+        exchange.cut()
+        # Bounded below BOUND: where the cut waits for the application, this test waits that long.
+        notes["seen before the application returned"] = seen.wait(CUT_SEEN_BOUND)
+
+    app, client = client_side.serve(handler)
+    answer = client.answer(client.request(b"GET", b"/"))
+    seen.set()
+    assert (answer.status, answer.body, answer.cut) == (200, b"part", True)
+    app.wait_returned()
+    assert notes == {"seen before the application returned": True}
+
+
 # -- the client going away --------------------------------------------------------------------------------
 
 
@@ -522,16 +619,13 @@ def test_unwatch_gone_ends_a_watch(client_side: ClientSide) -> None:
     notes: dict[str, Any] = {}
     watching = gevent.event.Event()
     ended_watch = gevent.event.Event()
-    told = gevent.event.Event()
 
     def handler(exchange: ClientExchange) -> None:
         exchange.watch_gone(ended_watch.set)
         exchange.unwatch_gone(ended_watch.set)
         exchange.unwatch_gone(ended_watch.set)  # idempotent
-        exchange.watch_gone(told.set)
         watching.set()
-        notes["told"] = told.wait(BOUND)
-        notes["gone"] = exchange.client_gone()
+        notes["gone"] = wait_for(exchange.client_gone)
         notes["ended watch told"] = ended_watch.is_set()
         exchange.cut()
         raise ClientGone("the client left")
@@ -541,7 +635,7 @@ def test_unwatch_gone_ends_a_watch(client_side: ClientSide) -> None:
     wait(watching)
     client.go_away(rid)
     app.wait_returned()
-    assert notes == {"told": True, "gone": True, "ended watch told": False}
+    assert notes == {"gone": True, "ended watch told": False}
 
 
 def _write_until_gone(exchange: ClientExchange) -> bool:

@@ -11,10 +11,11 @@ decides it for the same answers; the body in pieces as it comes and whole with i
 ``close()`` reusing the connection, ``close()`` or ``abort()`` mid-body giving the
 exchange up at the pod, ``abort()`` never reusing; the deadlines (``response_start`` and
 ``total`` before the head -> ``UpstreamTimeout``, ``idle`` -> ``UpstreamIdle``,
-``total`` mid-body -> ``UpstreamBodyTimeout``); every way a pod fails (refused, a connect
-that times out, closed before the head, a head that is not HTTP, a reset or a close mid-body) with the fields
-the proxy's retry rule reads and the ``kind`` each error carries (``core.failures``); a
-client body that fails, raised to the caller, and one known broken that reaches no pod.
+``total`` mid-body -> ``UpstreamBodyTimeout``); every way a pod fails (refused, a
+connect that times out, closed before the head, a head that is not of the protocol, a
+reset or a close mid-body) with the fields the proxy's retry rule reads and the ``kind``
+each error carries (``core.failures``); a client body that fails, raised to the caller,
+and one known broken (at once, or after a first piece) that reaches no pod.
 
 A test body never asks which transport it runs on: what differs is a property of the
 adapter. Timeouts here only bound waits; nothing asserts a duration.
@@ -233,26 +234,31 @@ def test_the_framing_is_what_response_framing_decides(
 
 
 def test_the_body_comes_piece_by_piece_as_the_pod_sends_it(pod_side: PodSide) -> None:
+    head_taken = gevent.event.Event()
     first_taken = gevent.event.Event()
     waited: list[bool] = []
 
     def script(exchange: PodExchange) -> None:
         exchange.read_body()
         exchange.respond(200, b"OK")
+        # Each piece only once the one before was taken: a client that waits for more
+        # before it hands a piece on gets the two together.
+        waited.append(head_taken.wait(BOUND))
         exchange.send(b"first")
-        waited.append(first_taken.wait(BOUND))  # the second piece only once the first was taken
+        waited.append(first_taken.wait(BOUND))
         exchange.send(b"second")
         exchange.end()
 
     _, pool = pod_side.start(script)
     response = request(pool)
+    head_taken.set()
     pieces = response.body()
     assert read_exactly(pieces, 5) == b"first"
     assert not response.complete
     first_taken.set()
     assert b"".join(pieces) == b"second"
     assert response.complete
-    assert waited == [True]
+    assert waited == [True, True]
     response.close()
 
 
@@ -488,9 +494,14 @@ def test_a_pod_that_breaks_off_mid_body_is_a_body_error(pod_side: PodSide, how: 
 # -- the client's body ------------------------------------------------------------------------------------------
 
 
+def wait_for_the_client_to_give_up(exchange: PodExchange) -> None:
+    """Read nothing of the body (it never ends), answer nothing."""
+    exchange.await_abandoned()
+
+
 @pytest.mark.parametrize("length", [None, 20], ids=["unknown-length", "length"])
 def test_a_client_body_that_fails_is_raised_to_the_caller(pod_side: PodSide, length: int | None) -> None:
-    pod, pool = pod_side.start(lambda exchange: exchange.await_abandoned())
+    pod, pool = pod_side.start(wait_for_the_client_to_give_up)
     failure = ClientBodyError("a broken chunk")
     with pytest.raises(ClientBodyError) as caught:
         request(pool, "POST", body=ClientBody(b"first", error=failure), length=length)
