@@ -156,7 +156,7 @@ class HttpServer:
         if len(self.connections) >= limits.max_connections:
             try:
                 sock.settimeout(limits.client_timeout)
-                sock.sendall(own_answer(TooManyConnections(), close=True))
+                sock.sendall(own_answer(TooManyConnections(), close=True)[0])
                 linger(sock)
             except OSError:
                 pass
@@ -218,7 +218,7 @@ class HttpServer:
                 exchange = conn.next_exchange()
             except ActivatorError as refusal:
                 self._refused(conn.client_ip, None, refusal)
-                conn.send(own_answer(refusal, close=True))
+                conn.send(own_answer(refusal, close=True)[0])
                 return
             if exchange is None:
                 return
@@ -379,7 +379,7 @@ def _handshake(context: ssl.SSLContext, sock: Any, timeout: float) -> Any | None
         first = sock.recv(1, socket.MSG_PEEK)
         if first and first[0] != _TLS_HANDSHAKE_RECORD:
             log.debug("plain HTTP (or not TLS) on the TLS port from %s", _peer(sock))
-            sock.sendall(own_answer(BadRequest("this port speaks TLS (https)"), close=True))
+            sock.sendall(own_answer(BadRequest("this port speaks TLS (https)"), close=True)[0])
             linger(sock)
             sock.close()
             return None

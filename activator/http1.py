@@ -156,13 +156,16 @@ class H1Exchange(ClientExchange):
 
     @property
     def was_cut(self) -> bool:
-        return self.conn.cut
+        """The response was abandoned mid-way: cut, or its client left before its end."""
+        conn = self.conn
+        return conn.cut or (conn.hung_up and not self.finished)
 
     # -- the response ------------------------------------------------------------------
 
     def interim(self, status: int, reason: bytes, headers: list[heads.Header]) -> None:
-        """Relay a pod's 1xx answer (before the final one); HTTP/1.0 clients never get one."""
-        if self.head.version == "1.1" and not self.started:
+        """Relay a pod's 1xx answer (before the final one; never 100, activator's to give,
+        nor 101); HTTP/1.0 clients never get one."""
+        if self.head.version == "1.1" and not self.started and status not in (100, 101):
             lower_names = [name.lower() for name, _ in headers]
             kept = http.response_headers(headers, lower_names, BodyFraming.NONE)
             self.conn.send(b"%s%s\r\n" % (http.status_line(status, reason), http.header_block(kept)))
@@ -260,13 +263,16 @@ class H1Exchange(ClientExchange):
         self.started = self.finished = True
         self.status = 200 if grpc else error.status
         self.close_after = close
-        self.conn.send(http.own_answer(error, close, grpc))
+        answer, body_bytes = http.own_answer(error, close, grpc, head_only=self.head.method == "HEAD")
+        self.conn.send(answer)
+        self.bytes_sent += body_bytes
 
     def cut(self) -> None:
-        """Abandon the response mid-way: the connection is closed without finishing it."""
+        """Abandon the response mid-way: the connection is shut at once (the client sees
+        it now, not once the application returns), without finishing it."""
         self.started = self.finished = True
         self.close_after = True
-        self.conn.cut = True
+        self.conn.cut_now()
 
     def _must_close(self) -> bool:
         """Whether the connection cannot carry another request after this answer."""
@@ -455,12 +461,12 @@ class H1Connection(deadlines.Watched):
     def on_body(self, data: bytes) -> None:
         exchange = self._current
         assert exchange is not None
-        exchange._body.append(data)
         exchange.body_bytes += len(data)
         self._data_in_feed = True
         maximum = self.max_body_bytes
         if maximum is not None and exchange.body_bytes > maximum:
-            raise BodyTooLarge(f"request body over max_body_bytes {maximum}")
+            raise BodyTooLarge(f"request body over max_body_bytes {maximum}")  # what took it over is dropped
+        exchange._body.append(data)
 
     def on_message_complete(self) -> None:
         if self._priming:
@@ -815,6 +821,16 @@ class H1Connection(deadlines.Watched):
         if self._hangup_fd >= 0:
             return False
         return hangup.hung_up(self.sock)
+
+    @property
+    def hung_up(self) -> bool:
+        """The hang-up monitor saw the client leave (no syscall)."""
+        return self._hung_up
+
+    def cut_now(self) -> None:
+        """Abandon the connection now: shut both ways (no lingering close after it)."""
+        self.cut = True
+        shutdown_keeping_tls(self.sock, socket.SHUT_RDWR)
 
     def _client_hung_up(self) -> None:
         """The monitor's callback (it ended its watch as it fired)."""

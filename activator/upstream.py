@@ -406,7 +406,7 @@ class PodConnection(PodResponse):
                     ) from error
                 if reused:
                     raise _Stale() from error
-                raise _connect_error(f"{self.pool.where} failed while the request was sent: {error!r}") from error
+                raise self._failed(f"{self.pool.where} failed while the request was sent: {error!r}") from error
             finally:
                 self.deadline = 0.0
             if self._remaining and self._send_rest():  # the pod answered first
@@ -500,6 +500,12 @@ class PodConnection(PodResponse):
                     f"{self.pool.where} failed while the request body was sent: {error!r}", body_read=True
                 ) from error
 
+    def _failed(self, message: str, cls: type[UpstreamConnectError] = UpstreamConnectError) -> UpstreamConnectError:
+        """What ends an exchange before its response head; ``body_read``: whether some of the
+        client's body went into the request (a bodiless one read none)."""
+        body_read = self._body is not None and self._framing_out is not BodyFraming.NONE
+        return cls(message, connected=True, body_read=body_read)
+
     # -- reading the head ----------------------------------------------------------------------
 
     def _receive_head(self, reused: bool) -> None:
@@ -517,20 +523,18 @@ class PodConnection(PodResponse):
                 ) from error
             if reused and not self.received:
                 raise _Stale() from error
-            raise _connect_error(f"{where} failed before a response head: {error!r}") from error
+            raise self._failed(f"{where} failed before a response head: {error!r}") from error
         if not data:
             if self.timed_out:
                 raise _timeout_error(f"{where} sent no response head within {self._timeouts.response_start}s")
             if reused and not self.received:
                 raise _Stale()
-            raise _connect_error(f"{where} closed the connection before a complete response head")
+            raise self._failed(f"{where} closed the connection before a complete response head")
         try:
             self._feed_head(data)
         except httptools.HttpParserError as error:
             if not self.complete:
-                raise _connect_error(
-                    f"{where} sent a malformed response head: {error}", cls=UpstreamBadResponse
-                ) from error
+                raise self._failed(f"{where} sent a malformed response head: {error}", UpstreamBadResponse) from error
             self._extra = True  # garbage after a complete answer: answer it, never reuse
         interims = self._interims
         if interims:

@@ -392,6 +392,14 @@ class H2PodConnection(H2Wire):
             self.retire()  # its stream ids are used up: new streams go to a new connection
             return None
         has_body = request.has_body
+        first = b""
+        if has_body:
+            body = request.body
+            assert body is not None
+            if body.buffered():  # what came with the head: a body already known broken goes nowhere
+                length = request.content_length
+                first = body.read(BLOCK_SIZE if length is None else min(BLOCK_SIZE, length))
+                body.raise_known_error()
         fields = h2_request_fields(
             request.method,
             request.target,
@@ -405,7 +413,7 @@ class H2PodConnection(H2Wire):
         self.streams[stream_id] = stream
         if has_body:
             assert request.body is not None
-            stream.start_upload(request.body, request.framing, request.content_length)
+            stream.start_upload(request.body, request.framing, request.content_length, first)
         else:
             stream.upload_ended()
         return stream
@@ -629,12 +637,16 @@ class _Upload:
         self._leftover = memoryview(b"")
         self.greenlet: gevent.Greenlet | None = None
 
-    def start(self) -> None:
-        """Send what the client's body has here already (a small upload: all of it, the
-        last DATA frame ending the stream, with no greenlet); the rest, if any, by the
-        pump. Does not yield."""
+    def start(self, first: bytes) -> None:
+        """Send ``first`` (read already) and what the client's body has here (a small
+        upload: all of it, the last DATA frame ending the stream, with no greenlet); the
+        rest, if any, by the pump. Does not yield."""
+        if first:
+            self.stream.body_read = True
+            if self.remaining is not None:
+                self.remaining -= len(first)
         try:
-            if self._send_at_once():
+            if self._send_at_once(first):
                 return
         except Exception as error:  # the client's body failed: the caller raises it
             self.stream.upload_failed(error)
@@ -642,13 +654,13 @@ class _Upload:
         deadlines.sweeper().add(self)
         self.greenlet = gevent.spawn(self._pump)
 
-    def _send_at_once(self) -> bool:
+    def _send_at_once(self, first: bytes) -> bool:
         """Read and send what needs no waiting; True when the body went whole."""
         stream = self.stream
         body = self.body
         connection = stream.connection
-        while body.buffered():
-            piece = self._read()
+        while first or body.buffered():
+            piece, first = (first, b"") if first else (self._read(), b"")
             if not piece:
                 stream.upload_ended(h2_trailer_fields(body.trailers))
                 return True
@@ -819,9 +831,12 @@ class H2PodStream(PodResponse):
 
     # -- the request body (the pump's greenlet, or open_stream) ------------------------------
 
-    def start_upload(self, body: BodySource, framing: BodyFraming, content_length: int | None) -> None:
+    def start_upload(
+        self, body: BodySource, framing: BodyFraming, content_length: int | None, first: bytes = b""
+    ) -> None:
+        """Send the request body (``first``: what of it was read already)."""
         self._upload = upload = _Upload(self, body, framing, content_length)
-        upload.start()
+        upload.start(first)
 
     def upload_ended(self, trailers: list[Header] = _NO_HEADERS, *, sent_end: bool = False) -> None:
         """The request was sent whole (HEADERS or the last DATA with END_STREAM, or the

@@ -315,6 +315,8 @@ def method_name(token: bytes) -> str:
             _METHODS.clear()
         name = _METHODS[token] = token.decode("latin-1")
     return name
+
+
 #: The HTTP/2 fields ``from_h2`` looks at beyond their syntax.
 _H2_SPECIAL = H2_CONNECTION_SPECIFIC | {_F_TE} | NOTED
 

@@ -256,14 +256,18 @@ def own_answer_headers(error: ActivatorError, grpc: bool) -> tuple[int, list[Hea
     return error.status, headers, body
 
 
-def own_answer(error: ActivatorError, close: bool, grpc: bool = False) -> bytes:
-    """Activator's own answer for ``error`` as HTTP/1.1 bytes (``own_answer_headers``)."""
+def own_answer(error: ActivatorError, close: bool, grpc: bool = False, *, head_only: bool = False) -> tuple[bytes, int]:
+    """Activator's own answer for ``error`` as HTTP/1.1 bytes (``own_answer_headers``), and
+    the size of its body; ``head_only``: the answer to a HEAD request (its head says the
+    length of the body it does not carry)."""
     status, headers, body = own_answer_headers(error, grpc)
     if grpc:  # an HTTP/1.1 gRPC answer: the status rides in headers, the body is empty
         headers.append((b"Content-Length", b"0"))
     if close:
         headers.append((b"Connection", b"close"))
-    return b"%s%s\r\n%s" % (status_line(status), header_block(headers), body)
+    if head_only:
+        body = b""
+    return b"%s%s\r\n%s" % (status_line(status), header_block(headers), body), len(body)
 
 
 # -- gRPC -------------------------------------------------------------------------------------

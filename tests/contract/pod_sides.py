@@ -34,6 +34,7 @@ from h2.errors import ErrorCodes
 from h2_pod import H2Pod, PodRequest
 from upstream_backend import RawBackend, ReceivedRequest, RequestReader, listener, reset
 
+from activator import exchange
 from activator.core.errors import ActivatorError
 from activator.core.heads import BodyFraming, Header
 from activator.core.timeouts import Timeouts
@@ -428,6 +429,9 @@ class ClientBody:
     def buffered(self) -> bool:
         return True
 
+    def exhausted(self) -> bool:
+        return not self._pieces and self.error is None
+
     def wait_for_body(self, pod_fd: int, timeout: float) -> bool:
         raise AssertionError("a body wholly in hand is never waited for")
 
@@ -544,7 +548,8 @@ def request(
     """One request through ``pool``: no body, a body of ``length`` bytes, or (``length``
     None) a body of unknown length."""
     framing = BodyFraming.NONE if body is None else BodyFraming.CHUNKED if length is None else BodyFraming.LENGTH
-    response: PodResponse = pool.request(method, target, list(headers), body, framing, length, timeouts, interim)
+    request = exchange.PodRequest(method, target, list(headers), body, framing, length, interim)
+    response: PodResponse = pool.request(request, timeouts)
     return response
 
 

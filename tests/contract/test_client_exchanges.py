@@ -256,13 +256,6 @@ def test_buffered_says_whether_the_body_is_here_without_waiting(client_side: Cli
     }
 
 
-@pytest.mark.discrepancy(
-    "http1",
-    reason="http1.H1Connection.on_body appends the piece that takes a chunked body past max_body_bytes to the "
-    "exchange's body before it raises BodyTooLarge, so raise_known_error (which raises only when no piece is "
-    "buffered) does not raise and the first read hands the over-limit bytes on (to the pod); http2's "
-    "H2Exchange.received drops that piece, and raise_known_error raises",
-)
 def test_raise_known_error_raises_a_body_error_that_came_with_the_head(client_side: ClientSide) -> None:
     notes: dict[str, Any] = {}
 
@@ -422,11 +415,6 @@ def test_an_interim_after_the_final_head_began_is_not_sent(client_side: ClientSi
     assert record(app.wait_returned()) == (200, 2, True, True, False)
 
 
-@pytest.mark.discrepancy(
-    "http1",
-    reason="H1Exchange.interim relays any 1xx, 100 included; H2Exchange.interim drops 100 (and 101): "
-    "100 Continue is activator's own to give, at the first read of an Expect request",
-)
 def test_a_100_is_never_relayed(client_side: ClientSide) -> None:
     def handler(exchange: ClientExchange) -> None:
         exchange.interim(100, b"Continue", [])
@@ -470,12 +458,6 @@ def test_the_head_goes_out_with_the_first_write_or_at_flush(client_side: ClientS
 # -- activator's own answers, and cuts --------------------------------------------------------------------
 
 
-@pytest.mark.discrepancy(
-    "http1",
-    reason="H1Exchange.answer sends its own answer's body through conn.send without counting it in "
-    "bytes_sent (0); H2Exchange.answer writes it with write(), so bytes_sent counts it: the access log's "
-    "bytes= differs by transport for the same answer",
-)
 def test_an_error_is_answered_with_its_reason_and_retry_after(client_side: ClientSide) -> None:
     def handler(exchange: ClientExchange) -> None:
         raise QueueFull()
@@ -489,12 +471,6 @@ def test_an_error_is_answered_with_its_reason_and_retry_after(client_side: Clien
     assert record(app.wait_returned()) == (503, len(answer.body), True, True, False)
 
 
-@pytest.mark.discrepancy(
-    "http1",
-    reason="H1Exchange.answer sends core.http.own_answer's bytes, body included, whatever the method: an "
-    "answer to HEAD carries a body its client does not read, which then reads as the start of the next "
-    "response on the connection; H2Exchange.answer sends no body for HEAD",
-)
 def test_an_error_answered_to_head_has_no_body(client_side: ClientSide) -> None:
     def handler(exchange: ClientExchange) -> None:
         if exchange.head.method == "HEAD":
@@ -564,12 +540,6 @@ def test_cut_abandons_the_response(client_side: ClientSide) -> None:
     assert record(app.wait_returned()) == (200, 4, True, True, True)
 
 
-@pytest.mark.discrepancy(
-    "http1",
-    reason="H1Exchange.cut() only marks the connection cut; the engine closes it once the application "
-    "returned, so the client waits for whatever the application does after cut(); H2Exchange.cut() "
-    "resets the stream at once",
-)
 def test_the_client_sees_a_cut_at_once(client_side: ClientSide) -> None:
     seen = gevent.event.Event()
     notes: dict[str, bool] = {}
@@ -676,11 +646,6 @@ def test_a_write_after_the_client_left_raises_client_gone(client_side: ClientSid
     assert notes == {"told": True, "raised": True, "after": (True, False, True)}
 
 
-@pytest.mark.discrepancy(
-    "http1",
-    reason="H1Exchange.was_cut becomes True only once a write fails (or cut() is called): a client the hang-up "
-    "monitor saw leave mid-response leaves it False; H2Exchange.was_cut is True as soon as the stream is reset",
-)
 def test_a_response_under_way_when_its_client_left_was_cut(client_side: ClientSide) -> None:
     notes: dict[str, Any] = {}
     writing = gevent.event.Event()

@@ -442,12 +442,6 @@ def test_a_pod_that_closes_with_the_body_read_before_its_head_is_a_connect_error
     assert not may_go_elsewhere(error)
 
 
-@pytest.mark.discrepancy(
-    "http1",
-    reason="upstream.PodConnection reports body_read=True for a bodiless request when the pod closes before "
-    "its head (_connect_error defaults body_read to True); upstream_h2 reports False: nothing of the "
-    "client's body was consumed",
-)
 def test_a_pod_that_closes_before_the_head_of_a_bodiless_request_read_nothing_of_its_body(pod_side: PodSide) -> None:
     _, pool = pod_side.start(hang_up_before_the_head)
     with pytest.raises(UpstreamConnectError) as caught:
@@ -527,13 +521,6 @@ def test_a_client_body_known_broken_reaches_no_pod(pod_side: PodSide, length: in
     assert_reached_no_pod(pod, pool)
 
 
-@pytest.mark.discrepancy(
-    "http2",
-    reason="upstream_h2.H2PodPool.request calls body.raise_known_error() before reading anything, while the "
-    "first piece is still buffered (so it does not raise), then sends that piece and resets the stream; "
-    "upstream.PodConnection.first_write reads the first piece and then asks, so nothing is sent: a chunked "
-    "body whose bad chunk came in the packet of its head reaches an h2c pod in part",
-)
 def test_a_body_known_broken_after_its_first_piece_reaches_no_pod(pod_side: PodSide) -> None:
     pod, pool = pod_side.start(answer_ok)
     failure = ClientBodyError("a broken chunk after a good one, in the packet of the head")
