@@ -50,6 +50,10 @@ log = logging.getLogger("activator")
 EXCHANGE = "activator.exchange"
 
 Application = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
+#: Told of each request refused before any application saw it: the client's address, the
+#: request's method and target ("" and b"" when its request line could not be read), the
+#: refusal. Called before the answer is sent; must not yield or raise.
+RefusalHook = Callable[[str, str, bytes, ActivatorError], None]
 
 
 class Limits:
@@ -73,8 +77,17 @@ class Limits:
 class HttpServer:
     """Serves ``app`` on ``listener`` (a bound, listening, non-blocking socket)."""
 
-    def __init__(self, listener: Any, app: Application, limits: Limits, *, tls: ssl.SSLContext | None = None) -> None:
+    def __init__(
+        self,
+        listener: Any,
+        app: Application,
+        limits: Limits,
+        *,
+        tls: ssl.SSLContext | None = None,
+        on_refusal: RefusalHook | None = None,
+    ) -> None:
         self.app = app
+        self.on_refusal = on_refusal
         #: ``app`` as it is called: a Falcon app's bound ``__call__`` (CPython runs a bound
         #: Python method inline, where calling the instance recurses in C: every request
         #: parked in the queue then keeps a smaller copy of the C stack).
@@ -131,9 +144,12 @@ class HttpServer:
     def _handle(self, sock: Any, address: Any) -> None:
         limits = self.limits
         if len(self.connections) >= limits.max_connections:
+            refusal = TooManyConnections()
+            if self.on_refusal is not None:
+                self.on_refusal(str(address[0]), "", b"", refusal)
             try:
                 sock.settimeout(limits.client_timeout)
-                sock.sendall(own_answer(TooManyConnections(), close=True))
+                sock.sendall(own_answer(refusal, close=True))
                 linger(sock)
             except OSError:
                 pass
@@ -171,7 +187,9 @@ class HttpServer:
         """An HTTP/2 connection: its streams are served by ``http2`` (one greenlet each)."""
         self._busy.add(conn)  # streams come and go; the connection counts as busy
         conn.cut = True  # HTTP/2 ends with GOAWAY, not with a lingering HTTP/1.x close
-        h2 = H2ServerConnection(conn.sock, conn.client_ip, self.limits, conn.scheme, self._call_app)
+        h2 = H2ServerConnection(
+            conn.sock, conn.client_ip, self.limits, conn.scheme, self._call_app, on_refusal=self.on_refusal
+        )
         self._h2.add(h2)
         try:
             if self.stopping:
@@ -187,6 +205,8 @@ class HttpServer:
                 exchange = conn.next_exchange()
             except ActivatorError as refusal:
                 log.debug("refused a request from %s: %s (%s)", conn.client_ip, refusal.reason, refusal)
+                if self.on_refusal is not None:
+                    self.on_refusal(conn.client_ip, "", b"", refusal)
                 conn.send(own_answer(refusal, close=True))
                 return
             if exchange is None:
@@ -196,6 +216,8 @@ class HttpServer:
                 log.debug(
                     "refused a request from %s: %s (%s)", conn.client_ip, exchange.refusal.reason, exchange.refusal
                 )
+                if self.on_refusal is not None:
+                    self.on_refusal(conn.client_ip, exchange.method, exchange.target, exchange.refusal)
                 exchange.answer(exchange.refusal)
             else:
                 self._call_app(exchange)

@@ -382,6 +382,7 @@ class H1Exchange:
         self.status = 200 if grpc else error.status
         self.close_after = close
         self.conn.send(http.own_answer(error, close, grpc))
+        self.bytes_sent += len(http.own_answer_headers(error, grpc)[2])  # its body, for the access log
 
     def cut(self) -> None:
         """Abandon the response mid-way: the connection is closed without finishing it."""

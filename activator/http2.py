@@ -722,8 +722,11 @@ class H2ServerConnection(deadlines.Watched):
         call_app: Callable[[H2Exchange], None],
         *,
         max_streams: int = MAX_STREAMS,
+        on_refusal: Callable[[str, str, bytes, ActivatorError], None] | None = None,
     ) -> None:
         super().__init__(sock)
+        #: Told of each stream refused before the application ran (``engine.RefusalHook``).
+        self.on_refusal = on_refusal
         self.client_ip = address[0] if isinstance(address, tuple) else str(address)
         self.client_ip_bytes = self.client_ip.encode()
         self.limits = limits
@@ -910,6 +913,8 @@ class H2ServerConnection(deadlines.Watched):
             if exchange.refusal is not None:
                 refusal = exchange.refusal
                 log.debug("refused a request from %s: %s (%s)", self.client_ip, refusal.reason, refusal)
+                if self.on_refusal is not None:
+                    self.on_refusal(self.client_ip, exchange.method, exchange.target, refusal)
                 exchange.answer(refusal)
             else:
                 self._call_app(exchange)
