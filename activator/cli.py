@@ -284,7 +284,9 @@ def parser() -> argparse.ArgumentParser:
     check.add_argument("--against", metavar="OLD", help="print the diff a reload from OLD would apply")
     check.set_defaults(func=cmd_check)
     demo = sub.add_parser("demo", help="run demo pods and the proxy on loopback")
-    demo.add_argument("--delay", type=float, default=1.0, help="seconds each demo pod takes per request (default 1)")
+    demo.add_argument(
+        "--delay", type=float, default=1.0, metavar="S", help="seconds each demo pod takes per request (default 1)"
+    )
     demo.add_argument("--listen", metavar="HOST:PORT", help="the proxy's address (default 127.0.0.1:8080)")
     demo.add_argument("--admin", metavar="HOST:PORT", help="the admin API's address (default 127.0.0.1:9090)")
     demo.add_argument(
@@ -293,7 +295,9 @@ def parser() -> argparse.ArgumentParser:
     demo.set_defaults(func=cmd_demo)
     status = sub.add_parser("status", help="show a running instance's services and pods")
     status.add_argument(
-        "--admin", metavar="HOST:PORT", help="admin address (default: from the config, else 127.0.0.1:9090)"
+        "--admin",
+        metavar="HOST:PORT",
+        help=f"admin address (default: the config file's; {DEFAULT_ADMIN} without a file named or a default one)",
     )
     status.add_argument("-c", "--config", help="config file to read the admin address from")
     status.add_argument("--json", action="store_true", help="print the raw /status JSON")
