@@ -138,7 +138,9 @@ def _seconds(value: float) -> str:
 
 
 def format_status(status: dict[str, Any]) -> str:
-    """The terminal table of ``activator status`` (rates: the last ten seconds' average)."""
+    """The terminal table of ``activator status`` (rates: the last ten seconds' average;
+    a pod's MAX is its most in flight at once since it was first listed, beside its
+    SLOTS: HAProxy's Max and Limit)."""
     lines = []
     config = status["config"]
     lines.append(
@@ -171,15 +173,15 @@ def format_status(status: dict[str, Any]) -> str:
             f"  rejected {per_second.get('rejected', 0.0):.1f}/s"
         )
         lines.append(
-            f"  {'POD':<28} {'STATE':<9} {'IN_FLIGHT':>9} {'SLOTS':>5} {'REQUESTS':>9} {'REQ/S':>7}"
-            f" {'FAILURES':>8} {'FAIL_TOTAL':>10}"
+            f"  {'POD':<28} {'STATE':<9} {'IN_FLIGHT':>9} {'MAX':>4} {'SLOTS':>5} {'REQUESTS':>9} {'REQ/S':>7}"
+            f" {'5XX':>6} {'FAILURES':>8} {'FAIL_TOTAL':>10}"
         )
         for pod in service["pods"]:
             slots = "inf" if pod["slots"] is None else pod["slots"]
             lines.append(
-                f"  {pod['address']:<28} {pod['state']:<9} {pod['in_flight']:>9} {slots:>5}"
-                f" {pod['requests']:>9} {pod.get('requests_per_second', 0.0):>7.1f} {pod['failures']:>8}"
-                f" {pod.get('failures_total', 0):>10}"
+                f"  {pod['address']:<28} {pod['state']:<9} {pod['in_flight']:>9} {pod.get('peak_in_flight', 0):>4}"
+                f" {slots:>5} {pod['requests']:>9} {pod.get('requests_per_second', 0.0):>7.1f}"
+                f" {pod.get('responses', {}).get('5xx', 0):>6} {pod['failures']:>8} {pod.get('failures_total', 0):>10}"
             )
     return "\n".join(lines)
 

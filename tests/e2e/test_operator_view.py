@@ -381,6 +381,9 @@ def test_status_command_prints_rates_and_the_oldest_wait(setup: Setup, loaded: L
     oldest = re.search(r"oldest_wait=(\d+ms|[\d.]+s)", out)
     assert oldest, out
     assert setup.pod.address in out and "REQ/S" in out and "FAIL_TOTAL" in out
+    header = next(line for line in out.splitlines() if "IN_FLIGHT" in line).split()
+    row = next(line for line in out.splitlines() if line.strip().startswith(setup.pod.address)).split()
+    assert row[header.index("MAX")] == row[header.index("SLOTS")] == "1", "the limit held, and shows it"
 
 
 def test_status_watch_refreshes_until_interrupted(setup: Setup, tmp_path: Path) -> None:
