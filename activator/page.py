@@ -72,7 +72,8 @@ COLOURS = {
 STYLE = (
     "body{font:14px system-ui,sans-serif;margin:1.5em;color:#212121}"
     "table{border-collapse:collapse;margin:.5em 0 1em}"
-    "td,th{border:1px solid #ccc;padding:3px 8px;text-align:right;white-space:nowrap}th{background:#eee}"
+    "table.pods{font-size:13px}table.pods th{white-space:normal}tr.groups th{text-align:center}"
+    "td,th{border:1px solid #ccc;padding:2px 6px;text-align:right;white-space:nowrap}th{background:#eee}"
     "td.l,th.l{text-align:left}.state{color:#fff;border-radius:3px;padding:1px 6px}.busy{background:#fff3e0}"
     ".err,.peer-down{color:#b71c1c}.peer-up{color:#2e7d32}.muted{color:#757575}section{margin-bottom:2em}"
     ".charts{display:flex;flex-wrap:wrap;gap:1em}figure{margin:0}figcaption{font-size:13px;color:#424242}"
