@@ -11,6 +11,8 @@
 - ``GET /metrics``: the metrics in the Prometheus text format (``prometheus.render``).
 - ``GET /``: the human status page, with the history drawn (``page.render_page``),
   refreshing itself.
+- ``HEAD`` of each of them answers what ``GET`` would, without the body (monitoring
+  checks and ``curl -I`` use it).
 
 It reads everything from a ``StatusSource``: a single activator process
 (``server.Runtime``) or the supervisor of several workers (``workers.Supervisor``, which
@@ -109,11 +111,17 @@ class Page:
 
 def make_admin_app(source: StatusSource) -> falcon.App[falcon.Request, falcon.Response]:
     app: falcon.App[falcon.Request, falcon.Response] = falcon.App()
-    app.add_route("/healthz", Health())
-    app.add_route("/readyz", Ready(source))
-    app.add_route("/status", Status(source))
-    app.add_route("/status/history", History(source))
-    app.add_route("/status.csv", Csv(source))
-    app.add_route("/metrics", Metrics(source))
-    app.add_route("/", Page(source))
+    resources: dict[str, Any] = {
+        "/healthz": Health(),
+        "/readyz": Ready(source),
+        "/status": Status(source),
+        "/status/history": History(source),
+        "/status.csv": Csv(source),
+        "/metrics": Metrics(source),
+        "/": Page(source),
+    }
+    for path, resource in resources.items():
+        # HEAD: the GET answer's head (Falcon sends no body for HEAD, and keeps its length).
+        resource.on_head = resource.on_get
+        app.add_route(path, resource)
     return app

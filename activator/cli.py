@@ -5,6 +5,12 @@ The config path is ``-c``, else ``$ACTIVATOR_CONFIG``, else
 ``/etc/activator/activator.yaml``. ``activator status --watch`` redraws the table every
 ``--interval`` seconds (in place on a terminal: clear and home; plain blocks one after
 the other otherwise) until Ctrl-C or SIGTERM, which end it with exit code 0.
+
+``activator status`` finds the admin API at ``--admin``, else in the config file: a file
+named by ``-c`` or ``$ACTIVATOR_CONFIG`` that cannot be read, or that turns the admin API
+off (``admin: null``), is an error (exit 2, naming the file), never a silent fall back;
+only when no file is named and the default one does not exist is ``127.0.0.1:9090``
+assumed.
 """
 
 import gevent
@@ -29,6 +35,7 @@ from . import __version__
 from .core.errors import ConfigError
 
 DEFAULT_CONFIG = "/etc/activator/activator.yaml"
+DEFAULT_ADMIN = "127.0.0.1:9090"
 
 
 def config_path(given: str | None) -> str:
@@ -55,8 +62,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         try:
             supervisor = Supervisor(config)
-        except OSError as error:  # a port taken: said in one line, as a single process says it
-            fatal(f"activator: cannot listen: {error}")
+        except OSError as error:  # a port taken: one line naming the address (``sockets.CannotListen``)
+            fatal(f"activator: {error}")
             return 1
         return supervisor.run()
     return run(config, worker)
@@ -106,7 +113,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
 
-    return run_demo(delay=args.delay)
+    return run_demo(delay=args.delay, listen=args.listen, admin=args.admin, pods=args.pods)
 
 
 def fetch_status(admin: str) -> dict[str, Any]:
@@ -131,7 +138,9 @@ def _seconds(value: float) -> str:
 
 
 def format_status(status: dict[str, Any]) -> str:
-    """The terminal table of ``activator status`` (rates: the last ten seconds' average)."""
+    """The terminal table of ``activator status`` (rates: the last ten seconds' average;
+    a pod's MAX is its most in flight at once since it was first listed, beside its
+    SLOTS: HAProxy's Max and Limit)."""
     lines = []
     config = status["config"]
     lines.append(
@@ -164,29 +173,43 @@ def format_status(status: dict[str, Any]) -> str:
             f"  rejected {per_second.get('rejected', 0.0):.1f}/s"
         )
         lines.append(
-            f"  {'POD':<28} {'STATE':<9} {'IN_FLIGHT':>9} {'SLOTS':>5} {'REQUESTS':>9} {'REQ/S':>7}"
-            f" {'FAILURES':>8} {'FAIL_TOTAL':>10}"
+            f"  {'POD':<28} {'STATE':<9} {'IN_FLIGHT':>9} {'MAX':>4} {'SLOTS':>5} {'REQUESTS':>9} {'REQ/S':>7}"
+            f" {'5XX':>6} {'FAILURES':>8} {'FAIL_TOTAL':>10}"
         )
         for pod in service["pods"]:
             slots = "inf" if pod["slots"] is None else pod["slots"]
             lines.append(
-                f"  {pod['address']:<28} {pod['state']:<9} {pod['in_flight']:>9} {slots:>5}"
-                f" {pod['requests']:>9} {pod.get('requests_per_second', 0.0):>7.1f} {pod['failures']:>8}"
-                f" {pod.get('failures_total', 0):>10}"
+                f"  {pod['address']:<28} {pod['state']:<9} {pod['in_flight']:>9} {pod.get('peak_in_flight', 0):>4}"
+                f" {slots:>5} {pod['requests']:>9} {pod.get('requests_per_second', 0.0):>7.1f}"
+                f" {pod.get('responses', {}).get('5xx', 0):>6} {pod['failures']:>8} {pod.get('failures_total', 0):>10}"
             )
     return "\n".join(lines)
 
 
-def cmd_status(args: argparse.Namespace) -> int:
-    admin = args.admin
-    if admin is None:
-        from .configfile import load_config
+def admin_address(given: str | None, config: str | None) -> str:
+    """Where ``activator status`` reads from (see the module docstring); raises ConfigError."""
+    if given is not None:
+        return given
+    named = config or os.environ.get("ACTIVATOR_CONFIG")
+    path = config_path(config)
+    if not named and not os.path.exists(path):
+        return DEFAULT_ADMIN
+    from .configfile import load_config
 
-        try:
-            config = load_config(config_path(args.config))
-            admin = str(config.admin) if config.admin else "127.0.0.1:9090"
-        except ConfigError:
-            admin = "127.0.0.1:9090"
+    loaded = load_config(path)
+    if loaded.admin is None:
+        raise ConfigError(
+            "the admin API is off (admin: null); give its address with --admin HOST:PORT", filename=path, key="admin"
+        )
+    return str(loaded.admin)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    try:
+        admin = admin_address(args.admin, args.config)
+    except ConfigError as error:
+        print(f"activator: {error}", file=sys.stderr)
+        return 2
     if args.watch:
         return watch_status(admin, args.interval, args.json)
     try:
@@ -231,6 +254,16 @@ def watch_status(admin: str, interval: float, as_json: bool) -> int:
     return 0
 
 
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be 1..65535, got {text}")
+    return value
+
+
 def _interval(text: str) -> float:
     try:
         value = float(text)
@@ -253,11 +286,20 @@ def parser() -> argparse.ArgumentParser:
     check.add_argument("--against", metavar="OLD", help="print the diff a reload from OLD would apply")
     check.set_defaults(func=cmd_check)
     demo = sub.add_parser("demo", help="run demo pods and the proxy on loopback")
-    demo.add_argument("--delay", type=float, default=1.0, help="seconds each demo pod takes per request")
+    demo.add_argument(
+        "--delay", type=float, default=1.0, metavar="S", help="seconds each demo pod takes per request (default 1)"
+    )
+    demo.add_argument("--listen", metavar="HOST:PORT", help="the proxy's address (default 127.0.0.1:8080)")
+    demo.add_argument("--admin", metavar="HOST:PORT", help="the admin API's address (default 127.0.0.1:9090)")
+    demo.add_argument(
+        "--pods", type=_port, metavar="PORT", help="the first of the demo pods' consecutive ports (default 8001)"
+    )
     demo.set_defaults(func=cmd_demo)
     status = sub.add_parser("status", help="show a running instance's services and pods")
     status.add_argument(
-        "--admin", metavar="HOST:PORT", help="admin address (default: from the config, else 127.0.0.1:9090)"
+        "--admin",
+        metavar="HOST:PORT",
+        help=f"admin address (default: the config file's; {DEFAULT_ADMIN} without a file named or a default one)",
     )
     status.add_argument("-c", "--config", help="config file to read the admin address from")
     status.add_argument("--json", action="store_true", help="print the raw /status JSON")

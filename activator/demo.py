@@ -4,17 +4,25 @@ Starts one demo pod per pod listed in the bundled ``config/demo.yaml`` (each a
 small HTTP server in this process that takes ``--delay`` seconds per request and
 reports how many requests it is running, so throttling is visible), then the proxy
 with that config, prints what to try, and runs until Ctrl-C.
+
+Its ports move without editing the bundled file: ``--listen``, ``--admin`` and
+``--pods PORT`` (the first of the pods' consecutive ports) make a copy of it with those
+addresses, in a temporary directory, and run that copy (its path is printed: edits to
+it are reloaded, as edits to ``config/demo.yaml`` are otherwise). Bad values are
+configuration errors (exit 2) naming the copy and the key.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 import gevent
+import yaml
 
 from .configfile import load_config
 from .core.config import Address, LimitsConfig
@@ -64,10 +72,44 @@ class DemoPod:
         return [body]
 
 
-def run_demo(delay: float = 1.0) -> int:
+def moved_config(bundled: Path, directory: str, listen: str | None, admin: str | None, pods: int | None) -> Path:
+    """A copy of the demo configuration with these addresses (None: as bundled), in
+    ``directory``. The pods of every service get consecutive ports from ``pods``."""
+    data = yaml.safe_load(bundled.read_text())
+    if listen is not None:
+        data["listen"] = listen
+    if admin is not None:
+        data["admin"] = admin
+    if pods is not None:
+        port = pods
+        for service in data["services"].values():
+            moved = []
+            for entry in service["pods"]:
+                address = entry if isinstance(entry, str) else entry["address"]
+                host = address.rsplit(":", 1)[0]
+                moved.append(f"{host}:{port}" if isinstance(entry, str) else dict(entry, address=f"{host}:{port}"))
+                port += 1
+            service["pods"] = moved
+    path = Path(directory) / "demo.yaml"
+    header = f"# {bundled.name} for `activator demo`, with the addresses given on its command line.\n"
+    path.write_text(header + yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def run_demo(delay: float = 1.0, listen: str | None = None, admin: str | None = None, pods: int | None = None) -> int:
     setup_logging()
+    bundled = demo_config_path()
+    if listen is None and admin is None and pods is None:
+        return _run(bundled, delay)
+    with tempfile.TemporaryDirectory(prefix="activator-demo-") as directory:
+        path = moved_config(bundled, directory, listen, admin, pods)
+        print(f"activator demo: running {path} (config/demo.yaml with your addresses; edit it to reload)")
+        return _run(path, delay)
+
+
+def _run(path: Path, delay: float) -> int:
     try:
-        config = load_config(str(demo_config_path()))
+        config = load_config(str(path))
     except ConfigError as error:
         print(f"activator: {error}", file=sys.stderr)
         return 2
@@ -82,7 +124,9 @@ def run_demo(delay: float = 1.0) -> int:
         runtime.start()
     except OSError as error:
         print(
-            f"activator demo: cannot listen ({error}); is another demo or service using these ports?", file=sys.stderr
+            f"activator demo: {error}; is another demo or service using these ports? "
+            "(--listen, --admin and --pods move them)",
+            file=sys.stderr,
         )
         return 1
     proxy, admin = config.listen, config.admin

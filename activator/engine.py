@@ -56,9 +56,10 @@ EXCHANGE = "activator.exchange"
 Application = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
 
 
-#: Told of every request refused before any application ran: (client address, its head
-#: when it was parsed far enough, the refusal).
-RefusalHook = Callable[[str, RequestHead | None, ActivatorError], None]
+#: Told of each request refused before any application saw it: the client's address, the
+#: request's method and target ("" and b"" when its request line could not be read), the
+#: refusal. Called before the answer is sent; must not yield or raise.
+RefusalHook = Callable[[str, str, bytes, ActivatorError], None]
 #: Told of every HTTP/2 connection closed for going past one of its budgets.
 BudgetHook = Callable[[Budget], None]
 
@@ -73,7 +74,7 @@ class HttpServer:
         limits: LimitsConfig,
         *,
         tls: ssl.SSLContext | None = None,
-        on_refused: RefusalHook | None = None,
+        on_refusal: RefusalHook | None = None,
         on_budget: BudgetHook | None = None,
     ) -> None:
         self.app = app
@@ -83,7 +84,7 @@ class HttpServer:
         self._call = _direct_call(app)
         #: What the engine enforces per connection; swapped on reload (new connections).
         self.limits = limits
-        self.on_refused = on_refused
+        self.on_refusal = on_refusal
         self.on_budget = on_budget
         #: The TLS context for new connections (None: plain); swapped when the files change.
         self.tls = tls
@@ -154,9 +155,12 @@ class HttpServer:
     def _handle(self, sock: Any, address: Any) -> None:
         limits = self.limits
         if len(self.connections) >= limits.max_connections:
+            refusal = TooManyConnections()
+            if self.on_refusal is not None:
+                self.on_refusal(str(address[0]), "", b"", refusal)
             try:
                 sock.settimeout(limits.client_timeout)
-                sock.sendall(own_answer(TooManyConnections(), close=True)[0])
+                sock.sendall(own_answer(refusal, close=True)[0])
                 linger(sock)
             except OSError:
                 pass
@@ -200,7 +204,7 @@ class HttpServer:
             self.limits,
             conn.scheme,
             self._call_app,
-            on_refused=self.on_refused,
+            on_refusal=self.on_refusal,
             on_budget=self.on_budget,
         )
         self._h2.add(h2)
@@ -234,8 +238,8 @@ class HttpServer:
 
     def _refused(self, client_ip: str, head: RequestHead | None, refusal: ActivatorError) -> None:
         log.debug("refused a request from %s: %s (%s)", client_ip, refusal.reason, refusal)
-        if self.on_refused is not None:
-            self.on_refused(client_ip, head, refusal)
+        if self.on_refusal is not None:
+            self.on_refusal(client_ip, *refused_line(head), refusal)
 
     def _call_app(self, exchange: ClientExchange) -> None:
         environ = self._environ(exchange)
@@ -282,6 +286,12 @@ class HttpServer:
             previous = environ.get(key)
             environ[key] = text if previous is None else f"{previous},{text}"
         return environ
+
+
+def refused_line(head: RequestHead | None) -> tuple[str, bytes]:
+    """The method and target of a refused request, for its access-log line ("" and b""
+    when its request line could not be read)."""
+    return ("", b"") if head is None else (head.method, head.target)
 
 
 def _direct_call(app: Application) -> Application:

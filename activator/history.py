@@ -7,17 +7,25 @@ What this module decides, and its rules:
   the reason when the activator answered itself (``X-Activator-Reason``: a *rejection*),
   request and response body bytes, the latency's histogram bucket and sum, and, when it
   got a slot, its queue wait's bucket of the current second, the wait's sum and the
-  second's longest wait. Nothing is allocated, nothing is kept per request. Requests of
-  no service (unknown host) are not counted, as in the StatsD metrics.
+  second's longest wait; into its pod's ``PodCounters`` (when it reached one): the
+  status class, and the pod's time (request sent to last byte). Nothing is allocated,
+  nothing is kept per request. A request of no service (refused before routing: a head
+  the engine refused, an unknown host) counts only as a *refusal*, by reason
+  (``History.refused``).
+- **Label values exist before their first event**: ``totals.rejected`` of every service
+  holds every reason of ``SERVICE_REASONS``, ``refused`` every reason of
+  ``REFUSED_BEFORE_ROUTING``, a pod's ``responses`` every class, at 0 until it happens
+  (a rate over a reason that never happened is 0, not "no data").
 - **Once a second** (``History.sample``, from one greenlet of the shell): each service's
   ring gets one point: the increase of its counters since the last point (requests,
   answers by class, rejections by reason, bytes in and out), what the topology says now
   (queued, in flight, capacity, pods per state), and queue wait p50/p99 of the requests
   that got their slot in that second, read off that second's histogram (the upper bound
   of the bucket holding the rank, never above the second's longest wait; None when no
-  request got a slot). Each pod's ring gets its in-flight count and the increase of its
-  tracker's requests (grants) and transport failures: the request path does nothing for
-  pods. A point is keyed by its wall-clock second (so that workers' points line up); a
+  request got a slot). Each pod's ring gets its in-flight count, its highest in flight
+  since the last point (``PodTracker.take_recent_peak``: a peak between two samples is
+  not lost), the increase of its tracker's requests (grants) and transport failures, and
+  of its answers and their pod time. A point is keyed by its wall-clock second (so that workers' points line up); a
   second that was not sampled (the process busy) is simply absent from the time axis.
 - **Bounded memory.** A ring is a set of preallocated arrays of ``POINTS`` (900) values,
   indexed by second modulo 900; see ``service_ring_bytes`` and ``pod_ring_bytes`` for
@@ -42,7 +50,21 @@ from collections import deque
 from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
-from .core.errors import ActivatorError, ClientGone
+from .core.errors import (
+    ActivatorError,
+    BadHost,
+    BadRequest,
+    BodyTooLarge,
+    ClientGone,
+    ClientTimeout,
+    HeadersTooLarge,
+    NotOriginForm,
+    RequestLineTooLong,
+    TooManyConnections,
+    UnknownHost,
+    UnsupportedMethod,
+    UnsupportedTransferEncoding,
+)
 from .core.states import PodState
 from .core.throttler import PodTracker, ServiceThrottler, Transition
 
@@ -95,6 +117,28 @@ def _own_reasons() -> frozenset[str]:
 
 #: The reasons counted as rejections.
 REASONS = _own_reasons()
+#: What only the engine (a head llhttp, ``core.http`` or a limit refused) or the router
+#: (no service for the Host) answers: never under a service.
+_ONLY_BEFORE_ROUTING = frozenset(
+    cls.reason
+    for cls in (
+        BadRequest,
+        BadHost,
+        NotOriginForm,
+        UnsupportedMethod,
+        UnsupportedTransferEncoding,
+        RequestLineTooLong,
+        HeadersTooLarge,
+        TooManyConnections,
+        UnknownHost,
+    )
+)
+#: Refusals of requests no service was found for (counted in ``History.refusals``):
+#: those, and the two that come before routing or after it (a declared body too large,
+#: a head too slow; a body too large or too slow once routed).
+REFUSED_BEFORE_ROUTING = _ONLY_BEFORE_ROUTING | {BodyTooLarge.reason, ClientTimeout.reason}
+#: The rejections a service's requests can get.
+SERVICE_REASONS = REASONS - _ONLY_BEFORE_ROUTING
 
 # Typecodes: counts of one second fit in 32 bits; bytes do not; gauges may be -1 (none).
 _COUNT, _GAUGE, _BYTES, _SECONDS, _TIME = "I", "i", "d", "f", "q"
@@ -128,8 +172,9 @@ def service_ring_bytes(reasons: int = len(REASONS)) -> int:
 
 
 def pod_ring_bytes() -> int:
-    """The array payload of one pod's history: in flight, requests, failures (3 x 4 bytes a point)."""
-    return POINTS * (_itemsize(_GAUGE) + 2 * _itemsize(_COUNT))
+    """The array payload of one pod's history: in flight and its peak, requests,
+    failures, answers (6 x 4 bytes a point), and the answers' pod time."""
+    return POINTS * (2 * _itemsize(_GAUGE) + 3 * _itemsize(_COUNT) + _itemsize(_SECONDS))
 
 
 class RequestFacts(Protocol):
@@ -138,11 +183,25 @@ class RequestFacts(Protocol):
     start: float
     end: float
     service: str
+    pod: str
     status: int
     reason: str
     queue_wait: float | None
+    upstream_start: float | None
     bytes_in: int
     bytes_out: int
+
+
+class PodCounters:
+    """One pod's answers (cumulative since it was first answered here): by status class,
+    and the pod time of those that reached it (request sent to last byte)."""
+
+    __slots__ = ("classes", "answered", "pod_seconds")
+
+    def __init__(self) -> None:
+        self.classes = [0] * 10  # by status // 100
+        self.answered = 0  # requests sent to the pod (a pod time was measured)
+        self.pod_seconds = 0.0
 
 
 class Counters:
@@ -162,6 +221,7 @@ class Counters:
         "second_waits",
         "second_wait_max",
         "transitions",
+        "pods",
     )
 
     def __init__(self) -> None:
@@ -177,19 +237,58 @@ class Counters:
         self.second_waits = [0] * BUCKETS  # queue waits since the last sample
         self.second_wait_max = 0.0
         self.transitions: dict[str, int] = {}  # new state -> pod state changes into it
+        self.pods: dict[str, PodCounters] = {}  # by address; a pod no longer tracked goes at the next sample
 
 
 class _PodRing:
-    __slots__ = ("first", "in_flight", "requests", "failures", "tracker", "seen_requests", "seen_failures")
+    __slots__ = (
+        "first",
+        "in_flight",
+        "peak",
+        "requests",
+        "failures",
+        "answered",
+        "pod_seconds",
+        "tracker",
+        "answers",
+        "seen_requests",
+        "seen_failures",
+        "seen_answered",
+        "seen_pod_seconds",
+    )
 
     def __init__(self, first: int) -> None:
         self.first = first  # the first second it was sampled
         self.in_flight = _zeros(_GAUGE)
+        self.peak = _zeros(_GAUGE)  # the highest in flight during the second
         self.requests = _zeros(_COUNT)
         self.failures = _zeros(_COUNT)
+        self.answered = _zeros(_COUNT)
+        self.pod_seconds = _zeros(_SECONDS)
         self.tracker: PodTracker | None = None
+        self.answers: PodCounters | None = None
         self.seen_requests = 0
         self.seen_failures = 0
+        self.seen_answered = 0
+        self.seen_pod_seconds = 0.0
+
+    def sample(self, tracker: PodTracker, answers: PodCounters | None, slot: int) -> None:
+        """The pod's point at ``slot``: what its tracker and its answers' counters say."""
+        if self.tracker is not tracker:  # a new tracker counts from zero
+            self.tracker, self.seen_requests, self.seen_failures = tracker, 0, 0
+        self.in_flight[slot] = tracker.in_flight
+        self.peak[slot] = tracker.take_recent_peak()
+        self.requests[slot] = tracker.requests - self.seen_requests
+        self.failures[slot] = tracker.failures_total - self.seen_failures
+        self.seen_requests, self.seen_failures = tracker.requests, tracker.failures_total
+        if answers is not self.answers:  # new counters count from zero
+            self.answers, self.seen_answered, self.seen_pod_seconds = answers, 0, 0.0
+        if answers is None:
+            self.answered[slot], self.pod_seconds[slot] = 0, 0.0
+            return
+        self.answered[slot] = answers.answered - self.seen_answered
+        self.pod_seconds[slot] = answers.pod_seconds - self.seen_pod_seconds
+        self.seen_answered, self.seen_pod_seconds = answers.answered, answers.pod_seconds
 
 
 class _ServiceRing:
@@ -272,6 +371,8 @@ class History:
         self.rings: dict[str, _ServiceRing] = {}
         self.transitions: dict[str, deque[tuple[float, str, str, str, str]]] = {}
         self.reloads = {"ok": 0, "failed": 0}
+        #: Requests refused before a service was found for them, by reason.
+        self.refusals: dict[str, int] = dict.fromkeys(sorted(REFUSED_BEFORE_ROUTING), 0)
         self.last = -1  # the last second sampled
 
     # -- events (per request, per pod change, per reload) --------------------------
@@ -280,6 +381,8 @@ class History:
         """Count one finished request. A few increments; does not yield."""
         service = record.service
         if service == "-":
+            if record.reason in REASONS:
+                self.refused(record.reason)
             return
         counters = self.counters.get(service)
         if counters is None:
@@ -288,6 +391,15 @@ class History:
         status_class = record.status // 100
         if status_class < 10:
             counters.classes[status_class] += 1
+        if record.pod != "-":
+            pod = counters.pods.get(record.pod)
+            if pod is None:
+                pod = counters.pods[record.pod] = PodCounters()
+            if status_class < 10:
+                pod.classes[status_class] += 1
+            if record.upstream_start is not None:
+                pod.answered += 1
+                pod.pod_seconds += record.end - record.upstream_start
         reason = record.reason
         if reason in REASONS:
             counters.rejected[reason] = counters.rejected.get(reason, 0) + 1
@@ -318,6 +430,10 @@ class History:
     def reload(self, ok: bool) -> None:
         self.reloads["ok" if ok else "failed"] += 1
 
+    def refused(self, reason: str) -> None:
+        """Count a request refused before it was routed. Does not yield."""
+        self.refusals[reason] = self.refusals.get(reason, 0) + 1
+
     # -- the sampler's step --------------------------------------------------------
 
     def sample(self, services: Mapping[str, ServiceThrottler], second: int) -> None:
@@ -344,22 +460,20 @@ class History:
             ring.capacity[slot] = -1 if capacity is None else capacity
             per_state = dict.fromkeys(STATES, 0)
             pods = ring.pods
+            answers = counters.pods
             for address, tracker in throttler.trackers.items():
                 per_state[tracker.state.value] += 1
                 pod = pods.get(address)
                 if pod is None:
                     pod = pods[address] = _PodRing(second)
-                if pod.tracker is not tracker:  # a new tracker counts from zero
-                    pod.tracker, pod.seen_requests, pod.seen_failures = tracker, 0, 0
-                pod.in_flight[slot] = tracker.in_flight
-                pod.requests[slot] = tracker.requests - pod.seen_requests
-                pod.failures[slot] = tracker.failures_total - pod.seen_failures
-                pod.seen_requests, pod.seen_failures = tracker.requests, tracker.failures_total
+                pod.sample(tracker, answers.get(address), slot)
             for state, count in per_state.items():
                 ring.pods_in_state[state][slot] = count
             if len(pods) != len(throttler.trackers):
                 for address in [a for a in pods if a not in throttler.trackers]:
                     del pods[address]
+            for address in [a for a in answers if a not in throttler.trackers]:
+                del answers[address]  # a pod no longer tracked (or a peer forwarded to)
         for table in (self.rings, self.counters, self.transitions):
             for name in [n for n in table if n not in services]:
                 del table[name]
@@ -436,6 +550,7 @@ class History:
                         measure: [None if k < pod.first else series[k % POINTS] for k in keys]
                         for measure, series in (
                             ("in_flight", pod.in_flight),
+                            ("peak_in_flight", pod.peak),
                             ("requests", pod.requests),
                             ("failures", pod.failures),
                         )
@@ -458,7 +573,12 @@ class History:
         (since the service appeared in this process), ``per_second`` and
         ``requests_per_second`` (the average of the last RATE_WINDOW points),
         ``latency_seconds`` and ``queue_wait_seconds`` (histograms over ``BOUNDS``:
-        per-bucket counts, sum); and to each pod its ``requests_per_second``."""
+        per-bucket counts, sum); and to each pod its ``requests_per_second``,
+        ``responses`` (by class, since it was first answered here),
+        ``pod_time_seconds`` (count and sum of its answers' pod time),
+        ``recent_pod_time_seconds`` (the same over the last RATE_WINDOW seconds), and
+        ``peak_in_flight_window``: its highest in flight over the history kept (the
+        last POINTS seconds, or as many as there are)."""
         for name, service in services.items():
             counters = self.counters.get(name) or Counters()
             ring = self.rings.get(name)
@@ -466,10 +586,11 @@ class History:
             per_second = _rates(ring, slots)
             service["requests_per_second"] = per_second["requests"]
             service["per_second"] = per_second
+            rejected = dict.fromkeys(SERVICE_REASONS, 0) | counters.rejected
             service["totals"] = {
                 "requests": counters.requests,
                 "responses": {cls: counters.classes[i] for i, cls in enumerate(CLASSES, start=1)},
-                "rejected": dict(sorted(counters.rejected.items())),
+                "rejected": dict(sorted(rejected.items())),
                 "bytes_in": counters.bytes_in,
                 "bytes_out": counters.bytes_out,
                 "pod_transitions": dict(sorted(counters.transitions.items())),
@@ -477,10 +598,34 @@ class History:
             service["latency_seconds"] = _histogram(counters.latency, counters.latency_sum)
             service["queue_wait_seconds"] = _histogram(counters.waits, counters.wait_sum)
             pod_rings = ring.pods if ring is not None else {}
+            window = ring.keys(POINTS) if ring is not None else []
             for pod in service.get("pods", ()):
-                pod_ring = pod_rings.get(pod["address"])
-                pod["requests_per_second"] = _rate(pod_ring.requests, slots) if pod_ring is not None else 0.0
+                address = pod["address"]
+                pod_ring = pod_rings.get(address)
+                answers = counters.pods.get(address) or PodCounters()
+                pod["responses"] = {cls: answers.classes[i] for i, cls in enumerate(CLASSES, start=1)}
+                pod["pod_time_seconds"] = {"count": answers.answered, "sum": round(answers.pod_seconds, 6)}
+                if pod_ring is None:
+                    pod["requests_per_second"] = 0.0
+                    pod["recent_pod_time_seconds"] = {"count": 0, "sum": 0.0}
+                    pod["peak_in_flight_window"] = pod.get("peak_in_flight", pod["in_flight"])
+                    continue
+                pod["requests_per_second"] = _rate(pod_ring.requests, slots)
+                pod["recent_pod_time_seconds"] = {
+                    "count": sum(pod_ring.answered[s] for s in slots),
+                    "sum": round(sum(pod_ring.pod_seconds[s] for s in slots), 6),
+                }
+                since_sampled = pod_ring.tracker.recent_peak if pod_ring.tracker is not None else 0
+                pod["peak_in_flight_window"] = max(_window_peak(pod_ring, window), since_sampled, pod["in_flight"])
         return services
+
+
+def _window_peak(pod: _PodRing, keys: list[int]) -> int:
+    """The highest of a pod's per-second peaks at ``keys`` (its sampled seconds)."""
+    if len(keys) == POINTS and pod.first <= keys[0]:  # every slot is in the window
+        return int(max(pod.peak))
+    peaks = pod.peak
+    return int(max((peaks[k % POINTS] for k in keys if k >= pod.first), default=0))
 
 
 def _rate(series: array[Any], slots: list[int]) -> float:
@@ -601,7 +746,7 @@ class _ServiceMerge:
             pods: dict[str, Any] = {}
             for address in self.keys("pods"):
                 pods[address] = {}
-                for measure in ("in_flight", "requests", "failures"):
+                for measure in ("in_flight", "peak_in_flight", "requests", "failures"):
                     into: list[Any] = [None] * len(self.axis)  # None: no worker tracked it then
                     for _, part in self.parts:
                         pod = part.get("pods", {}).get(address)

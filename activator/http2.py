@@ -557,7 +557,7 @@ class H2Exchange(ClientExchange):
         self._maybe_closed()
 
 
-RefusalHook = Callable[[str, RequestHead | None, ActivatorError], None]
+RefusalHook = Callable[[str, str, bytes, ActivatorError], None]
 BudgetHook = Callable[[Budget], None]
 
 
@@ -589,7 +589,7 @@ class H2ServerConnection(H2Wire):
         "queue_share",
         "window_waiters",
         "_call_app",
-        "_on_refused",
+        "_on_refusal",
         "_on_budget",
         "_streams",
         "_greenlets",
@@ -608,7 +608,7 @@ class H2ServerConnection(H2Wire):
         scheme: str,
         call_app: Callable[[H2Exchange], None],
         *,
-        on_refused: RefusalHook | None = None,
+        on_refusal: RefusalHook | None = None,
         on_budget: BudgetHook | None = None,
     ) -> None:
         h2limits = limits.http2
@@ -655,7 +655,7 @@ class H2ServerConnection(H2Wire):
         #: Streams waiting for the client to open a window.
         self.window_waiters: set[H2Exchange] = set()
         self._call_app = call_app
-        self._on_refused = on_refused
+        self._on_refusal = on_refusal
         self._on_budget = on_budget
         #: The streams whose greenlet runs (or is about to), by stream id.
         self._streams: dict[int, H2Exchange] = {}
@@ -934,8 +934,8 @@ class H2ServerConnection(H2Wire):
 
     def _refused(self, head: RequestHead | None, refusal: ActivatorError) -> None:
         log.debug("refused a request from %s: %s (%s)", self.client_ip, refusal.reason, refusal)
-        if self._on_refused is not None:
-            self._on_refused(self.client_ip, head, refusal)
+        if self._on_refusal is not None:
+            self._on_refusal(self.client_ip, head.method if head else "", head.target if head else b"", refusal)
 
     def _stream_done(self, exchange: H2Exchange, greenlet: Any) -> None:
         exchange.end()

@@ -2,15 +2,19 @@
 
 What this module decides:
 
-- Records go to stderr, at ``$ACTIVATOR_LOG_LEVEL`` (default INFO), as
-  ``TIME LEVEL message``.
+- Records go to stderr, at ``$ACTIVATOR_LOG_LEVEL`` (default INFO; one of ``LEVELS``,
+  any case; anything else is said in one warning and INFO is used: a typo in a drop-in
+  must not stop the service), as ``TIME LEVEL message``.
+- Levels are Python's, with NOTICE (25) between INFO and WARNING, syslog's "normal but
+  significant" (a pod back to healthy).
 - Under systemd, when stderr *is* the journal stream (``$JOURNAL_STREAM`` is
   ``DEVICE:INODE`` and names the file stderr is open on, as systemd sets it), every line
   starts with its syslog priority instead of the time (the journal stamps it):
-  ``<3>`` error and critical, ``<4>`` warning, ``<6>`` info, ``<7>`` debug (the
-  sd-daemon(3) convention), so ``journalctl -p err`` shows only errors. A record of
-  several lines (a traceback) has the prefix on each of its lines, so none of them
-  lands in the journal at the default priority.
+  ``<3>`` error and critical, ``<4>`` warning, ``<5>`` notice, ``<6>`` info, ``<7>``
+  debug (the sd-daemon(3) convention), so ``journalctl -p err`` shows only errors.
+- A record of several lines (a reload's changes, a traceback) has its whole prefix
+  (time or priority, and level) on each of its lines: every line found by grep or
+  written to the journal says when and how important it is.
 - A line that ends the process before it serves (a bad file, a port taken) is written
   by ``fatal``, with ``<3>`` under the journal too.
 - Exceptions that reach gevent's hub (a greenlet that died of a bug) are logged as one
@@ -27,8 +31,15 @@ import os
 import sys
 from typing import IO, Any
 
+#: syslog's "normal but significant condition", between INFO and WARNING.
+NOTICE = 25
+logging.addLevelName(NOTICE, "NOTICE")
+
 #: sd-daemon(3) priorities by logging level (the highest level at or below a record's).
-PRIORITIES = ((logging.ERROR, 3), (logging.WARNING, 4), (logging.INFO, 6), (logging.NOTSET, 7))
+PRIORITIES = ((logging.ERROR, 3), (logging.WARNING, 4), (NOTICE, 5), (logging.INFO, 6), (logging.NOTSET, 7))
+#: The values ``$ACTIVATOR_LOG_LEVEL`` may take (any case).
+LEVELS = ("DEBUG", "INFO", "NOTICE", "WARNING", "ERROR")
+DEFAULT_LEVEL = "INFO"
 
 log = logging.getLogger("activator")
 
@@ -50,12 +61,34 @@ def stream_is_journal(stream: IO[str], journal_stream: str | None) -> bool:
         return False
 
 
-class JournalFormatter(logging.Formatter):
-    """``<priority>LEVEL message`` on every line of a record."""
+class LineFormatter(logging.Formatter):
+    """``TIME LEVEL message``, the prefix repeated on every line of a record."""
+
+    def prefix(self, record: logging.LogRecord) -> str:
+        return f"{self.formatTime(record)} {record.levelname} "
 
     def format(self, record: logging.LogRecord) -> str:
-        prefix = f"<{priority(record.levelno)}>"
+        prefix = self.prefix(record)
         return "\n".join(prefix + line for line in super().format(record).split("\n"))
+
+
+class JournalFormatter(LineFormatter):
+    """``<priority>LEVEL message`` on every line of a record."""
+
+    def prefix(self, record: logging.LogRecord) -> str:
+        return f"<{priority(record.levelno)}>{record.levelname} "
+
+
+def log_level(value: str | None) -> tuple[str, str | None]:
+    """The level named by ``$ACTIVATOR_LOG_LEVEL`` and, when the value is not one of
+    ``LEVELS``, the warning to log (the default level is used then)."""
+    if value is None or not value.strip():
+        return DEFAULT_LEVEL, None
+    name = value.strip().upper()
+    if name in LEVELS:
+        return name, None
+    shown = ", ".join(LEVELS)
+    return DEFAULT_LEVEL, f"ACTIVATOR_LOG_LEVEL={value!r} is not a level ({shown}); logging at {DEFAULT_LEVEL}"
 
 
 def setup_logging(stream: IO[str] | None = None, environ: dict[str, str] | None = None) -> logging.Handler:
@@ -63,15 +96,16 @@ def setup_logging(stream: IO[str] | None = None, environ: dict[str, str] | None 
     stream = stream or sys.stderr
     environ = dict(os.environ) if environ is None else environ
     handler = logging.StreamHandler(stream)
-    if stream_is_journal(stream, environ.get("JOURNAL_STREAM")):
-        handler.setFormatter(JournalFormatter("%(levelname)s %(message)s"))
-    else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    journal = stream_is_journal(stream, environ.get("JOURNAL_STREAM"))
+    handler.setFormatter((JournalFormatter if journal else LineFormatter)("%(message)s"))
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)
     root.addHandler(handler)
-    root.setLevel(environ.get("ACTIVATOR_LOG_LEVEL", "INFO").upper())
+    level, warning = log_level(environ.get("ACTIVATOR_LOG_LEVEL"))
+    root.setLevel(level)
+    if warning is not None:
+        log.warning("%s", warning)
     _log_hub_errors()
     return handler
 

@@ -11,12 +11,16 @@ What this module decides (SPEC.md "StatsD metrics"; ``{p}`` prefix, ``{s}`` serv
   ``{p}.{s}.queue_wait`` (ms, arrival to slot; only when a slot was obtained); timings
   are written as statsd writes them, with six decimals. A client that left before the last byte is
   recorded as 499 ``client-gone`` (``proxy.py``), so it counts as a 4xx response; a
-  record with no status (0) counts in no class. Requests that matched no service
-  (``404 unknown-host``) are not counted anywhere.
+  record with no status (0) counts in no class.
+- A request refused before it was routed (no service: a head the engine refused, an
+  unknown host; ``observe.refusal_record``) is one ``{p}.rejected.{reason}`` (c), the
+  reason's ``-`` spelled ``_`` (``bad_request``, ``bad_host``, ``unknown_host``, and
+  ``header_too_large`` for ``headers-too-large``, as SPEC.md names it), nothing else.
 - Every second, from one greenlet (never per request): gauges ``{p}.{s}.queued``,
   ``.in_flight``, ``.tunnels`` (open WebSockets and other upgrades), ``.capacity``,
-  ``{p}.{s}.pods.{healthy,pending,draining}`` and
-  ``{p}.{s}.pod.{pod}.in_flight``; and the per-pod transport-failure counters
+  ``{p}.{s}.pods.{healthy,pending,draining}``,
+  ``{p}.{s}.pod.{pod}.in_flight`` and ``{p}.{s}.pod.{pod}.peak_in_flight`` (the highest
+  since the pod's tracker exists: the proof that its limit held); and the per-pod transport-failure counters
   ``{p}.{s}.pod.{pod}.{connect_errors,timeouts,resets}`` as the increase of the
   trackers' ``failure_counts`` (healthy and unhealthy summed) since the last flush,
   so the request path does nothing for them. A counter whose increase is 0 is not
@@ -86,10 +90,12 @@ from gevent.resolver.blocking import Resolver as BlockingResolver
 
 from .core.config import Address, StatsdConfig
 from .core.failures import FailureKind
+from .core.h2budgets import Budget
 from .core.peering import PeerState
 from .core.states import PodState
 from .core.throttler import PodTracker, ServiceThrottler, Transition
 from .core.topology import Topology
+from .history import REASONS
 from .observe import MetricsSink, NoMetrics, RequestRecord
 
 log = logging.getLogger("activator")
@@ -102,6 +108,8 @@ FLUSH_SECONDS = 1.0
 MAX_DATAGRAM = 512
 
 _REJECTED = {"queue-full": "queue_full", "queue-timeout": "queue_timeout", "shutting-down": "shutting_down"}
+#: ``{p}.rejected.{name}`` of each refusal before routing (SPEC.md spells one in the singular).
+_REFUSED = {reason: reason.replace("-", "_") for reason in REASONS} | {"headers-too-large": "header_too_large"}
 _POD_STATES = (PodState.HEALTHY, PodState.PENDING, PodState.DRAINING)
 _POD_ID = str.maketrans({".": "_", ":": "_", "[": "_", "]": "_"})
 
@@ -306,13 +314,14 @@ def failure_totals(tracker: PodTracker) -> dict[FailureKind, int]:
 class _PodNames:
     """One pod's metrics, the tracker last seen for it, and how much of its failures was sent."""
 
-    __slots__ = ("tracker", "in_flight", "failures", "sent")
+    __slots__ = ("tracker", "in_flight", "peak_in_flight", "failures", "sent")
 
     def __init__(self, namer: Namer, service: str, tracker: PodTracker, sent: dict[FailureKind, int]) -> None:
         pod = pod_id(tracker.address)
         #: The tracker counted so far: a re-created tracker (same address) starts from zero.
         self.tracker = tracker
         self.in_flight = namer("in_flight", service, pod, gauge=True)
+        self.peak_in_flight = namer("peak_in_flight", service, pod, gauge=True)
         self.failures = {kind: namer(kind.value, service, pod) for kind in FailureKind}
         self.sent = sent
 
@@ -391,6 +400,8 @@ class StatsdMetrics:
             for tracker in throttler.trackers.values():
                 names.pod(tracker, failure_totals(tracker))
         self._reload = {True: self._namer("config.reload.ok"), False: self._namer("config.reload.failed")}
+        self._refused = {reason: self._namer(f"rejected.{name}") for reason, name in _REFUSED.items()}
+        self._goaway = {budget.value: self._namer(f"h2.goaway.{budget.value}") for budget in Budget}
         self._gauges: set[Metric] = set()  # every gauge sent at the last flush
         #: Event counters counted while there was no sender yet: they go with the first flush.
         self._pending: dict[Metric, int] = {}
@@ -424,7 +435,15 @@ class StatsdMetrics:
     def request_done(self, record: RequestRecord) -> None:
         """One datagram for one request (none before the sender exists). Does not yield, never raises."""
         sender = self._sender
-        if sender is None or record.service == "-":
+        if sender is None:
+            return
+        if record.service == "-":
+            refused = self._refused.get(record.reason)
+            if refused is not None:
+                try:
+                    self._count([(refused, 1)])
+                except Exception:
+                    self._send_failed()
             return
         try:
             names = self._services.get(record.service) or self._names(record.service)
@@ -459,6 +478,13 @@ class StatsdMetrics:
         """Count a reload. Does not yield."""
         try:
             self._count([(self._reload[ok], 1)])
+        except Exception:
+            self._send_failed()
+
+    def h2_goaway(self, budget: str) -> None:
+        """Count an HTTP/2 connection closed past ``budget`` (``{p}.h2.goaway.{budget}``). Does not yield."""
+        try:
+            self._count([(self._goaway[budget], 1)])
         except Exception:
             self._send_failed()
 
@@ -545,6 +571,7 @@ class StatsdMetrics:
                     per_state[tracker.state] += 1
                 pod = names.pod(tracker)
                 gauge(pod.in_flight, tracker.in_flight)
+                gauge(pod.peak_in_flight, tracker.peak_in_flight)
                 count(pod.failure_increase(tracker))
             for state, number in per_state.items():
                 gauge(names.pods_in_state[state], number)

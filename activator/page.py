@@ -6,16 +6,30 @@ What this module decides:
   (``history.History.export`` without pods, or the workers' merge): no JavaScript
   library, nothing fetched from elsewhere. A tiny inline script replaces the page's body
   with a fresh copy every two seconds, keeping the scroll position and the open pod
-  lists; without scripts, a meta refresh reloads it every five.
+  lists; without scripts, a meta refresh reloads it every five. **A page that cannot
+  refresh says so**: while refreshes fail (the activator stopped, the network is down,
+  an answer that is not 200), a banner reads ``stale: last refresh failed N s ago``
+  (N counts from the first failure of the streak), with the error, and the page is
+  dimmed; the next good refresh takes both away.
 - Per service: a summary line (capacity, in flight, queue, the oldest wait, the last ten
   seconds' rates, byte totals), three sparklines of the last fifteen minutes as inline
   SVG (queued / in flight / capacity; requests per second with the 5xx and rejected
   answers; queue wait p99), each with the pod state changes marked on its time axis,
-  the answers by class and the rejections by reason, and the pods.
+  the answers by class and the rejections by reason, and the pods. The legend of each
+  chart gives the same figures as the summary (this moment's, or the same ten seconds'
+  rates), never another moment's. A chart's labels (its scale, in the chart's unit,
+  and its time axis) sit in strips above and below the plotted area: no line crosses
+  them.
 - Pods are sorted by trouble: not healthy first, then the longest failure streak, then
   the most in flight. The first ``VISIBLE_PODS`` rows are shown, the others are folded
   in a ``<details>`` (a service of 200 pods stays one screen). A pod whose slots are
-  all in use has its row marked ``busy``.
+  all in use has its row marked ``busy``. Its columns (``POD_TABLE``), grouped as
+  HAProxy's stats page groups them: in flight now, its most at once over the charts'
+  window and since start, and its slots here (HAProxy's Cur / Max / Limit); requests,
+  their rate and retries elsewhere; answers by class; the pod's time per answer over
+  the last ten seconds; failures; the last probe; the time in its state and the time
+  it spent pending in all. Each cell says which column it is (``data-col``).
+- A configuration without services says so, with the file's path.
 - Every text that comes from outside (names, addresses, reasons, paths) is escaped.
 - ``/status.csv``: one row per pod (RFC 4180, ``csv`` module) with its service's
   columns; a service without pods has one row with the pod columns empty.
@@ -25,9 +39,12 @@ from __future__ import annotations
 
 import csv
 import io
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from html import escape
+from itertools import groupby
 from typing import Any
+
+from .history import CLASSES, STATES
 
 #: Pod rows shown before the rest are folded away.
 VISIBLE_PODS = 20
@@ -35,7 +52,11 @@ VISIBLE_PODS = 20
 #: (at least ``MIN_WINDOW``), so that a young process's charts are not a sliver.
 WINDOW = 900
 MIN_WINDOW = 60
-WIDTH, HEIGHT = 600, 64
+#: A sparkline: the plotted area between a strip for its scale (above) and one for its
+#: time axis (below), so that no line is drawn over a label.
+WIDTH, PLOT_HEIGHT, STRIP = 600, 56, 16
+HEIGHT = PLOT_HEIGHT + 2 * STRIP
+LABEL_PX = 11
 
 STATE_COLOURS = {"healthy": "#2e7d32", "pending": "#b28704", "draining": "#1565c0", "removed": "#757575"}
 COLOURS = {
@@ -51,23 +72,35 @@ COLOURS = {
 STYLE = (
     "body{font:14px system-ui,sans-serif;margin:1.5em;color:#212121}"
     "table{border-collapse:collapse;margin:.5em 0 1em}"
-    "td,th{border:1px solid #ccc;padding:3px 8px;text-align:right;white-space:nowrap}th{background:#eee}"
+    "table.pods{font-size:13px}table.pods th{white-space:normal}tr.groups th{text-align:center}"
+    "td,th{border:1px solid #ccc;padding:2px 6px;text-align:right;white-space:nowrap}th{background:#eee}"
     "td.l,th.l{text-align:left}.state{color:#fff;border-radius:3px;padding:1px 6px}.busy{background:#fff3e0}"
     ".err,.peer-down{color:#b71c1c}.peer-up{color:#2e7d32}.muted{color:#757575}section{margin-bottom:2em}"
-    ".charts{display:flex;flex-wrap:wrap;gap:1em}figure{margin:0}figcaption{font-size:12px;color:#424242}"
-    "svg.spark{background:#fafafa;border:1px solid #e0e0e0}"
+    ".charts{display:flex;flex-wrap:wrap;gap:1em}figure{margin:0}figcaption{font-size:13px;color:#424242}"
+    "svg.spark{background:#fafafa;border:1px solid #e0e0e0}svg.spark rect.plot{fill:#fff}"
     ".key{display:inline-block;width:10px;height:3px;vertical-align:middle;margin:0 3px 0 8px}"
     "summary{cursor:pointer;margin:.3em 0}"
+    "#stale{position:sticky;top:0;background:#b71c1c;color:#fff;padding:.4em .8em;font-weight:bold;z-index:1}"
+    "body.stale section,body.stale>p{opacity:.45}"
 )
 
-# Replaces the body with a fresh copy every 2 s, keeping the scroll and the open <details>.
+# Replaces the body with a fresh copy every 2 s, keeping the scroll and the open <details>;
+# while refreshes fail, shows (and counts up, every second) the stale banner.
 REFRESH_SCRIPT = (
-    "(function(){function again(){setTimeout(refresh,2000)}"
-    "function refresh(){fetch(location.href,{cache:'no-store'}).then(function(r){return r.text()})"
+    "(function(){var since=null,why='';"
+    "function banner(){var b=document.getElementById('stale');if(since===null){if(b){b.remove()}"
+    "document.body.classList.remove('stale');return}if(!b){b=document.createElement('p');b.id='stale';"
+    "document.body.insertBefore(b,document.body.firstChild)}document.body.classList.add('stale');"
+    "b.textContent='stale: last refresh failed '+Math.round((Date.now()-since)/1000)+' s ago ('+why+')'}"
+    "function refresh(){fetch(location.href,{cache:'no-store'}).then(function(r){"
+    "if(!r.ok){throw new Error('HTTP '+r.status)}return r.text()})"
     ".then(function(text){var d=new DOMParser().parseFromString(text,'text/html');"
     "var open=Array.prototype.map.call(document.querySelectorAll('details[open]'),function(e){return e.id});"
     "document.body.replaceWith(d.body);open.forEach(function(id){var e=document.getElementById(id);"
-    "if(e){e.open=true}})}).catch(function(){}).then(again)}again()})();"
+    "if(e){e.open=true}});since=null;banner()})"
+    ".catch(function(e){if(since===null){since=Date.now()}why=String(e&&e.message||e);banner()})"
+    ".then(function(){setTimeout(refresh,2000)})}"
+    "setInterval(function(){if(since!==null){banner()}},1000);setTimeout(refresh,2000)})();"
 )
 
 
@@ -123,26 +156,29 @@ def sparkline(
     window: int = WINDOW,
     markers: Iterable[Mapping[str, Any]] = (),
     label: str = "",
-    unit: str = "",
+    scale: Callable[[float], str] = fmt_number,
     floor: float = 1.0,
 ) -> str:
     """An inline SVG of ``lines`` over the ``window`` seconds up to ``end`` (wall-clock
     seconds): one ``<polyline>`` per unbroken run of points of each line (a None breaks
-    it), on one scale from 0 to the largest value (at least ``floor``); a vertical line
-    per marker (a pod state change) with its description as a tooltip."""
+    it), on one scale from 0 to the largest value (at least ``floor``, written with
+    ``scale`` in the strip above the plotted area); a vertical line per marker (a pod
+    state change) with its description as a tooltip; the time axis in the strip below."""
     start = end - window + 1
     top = max([floor, *(v for line in lines for v in line.values if v is not None)])
+    bottom = STRIP + PLOT_HEIGHT
 
     def x(t: float) -> float:
         return round((t - start) / max(window - 1, 1) * WIDTH, 1)
 
     def y(v: float) -> float:
-        return round(HEIGHT - 2 - v / top * (HEIGHT - 14), 1)
+        return round(bottom - v / top * PLOT_HEIGHT, 1)
 
     parts = [
         f"<svg class='spark' xmlns='http://www.w3.org/2000/svg' width='{WIDTH}' height='{HEIGHT}' "
         f"viewBox='0 0 {WIDTH} {HEIGHT}' role='img' aria-label='{escape(label)}'>",
         f"<title>{escape(label)}</title>",
+        f"<rect class='plot' x='0' y='{STRIP}' width='{WIDTH}' height='{PLOT_HEIGHT}'/>",
     ]
     for marker in markers:
         mx = x(float(marker["t"]))
@@ -150,7 +186,7 @@ def sparkline(
             colour = STATE_COLOURS.get(str(marker.get("new")), "#000")
             text = f"{marker.get('pod')} {marker.get('old')} -> {marker.get('new')} ({marker.get('reason', '')})"
             parts.append(
-                f"<line class='change' x1='{mx}' y1='0' x2='{mx}' y2='{HEIGHT}' stroke='{colour}' "
+                f"<line class='change' x1='{mx}' y1='{STRIP}' x2='{mx}' y2='{bottom}' stroke='{colour}' "
                 f"stroke-dasharray='2,2'><title>{escape(text)}</title></line>"
             )
     for line in lines:
@@ -173,10 +209,11 @@ def sparkline(
                 f"<polyline class='series' data-series='{escape(line.name)}' data-points='{len(points)}' "
                 f"fill='none' stroke='{line.colour}' stroke-width='1.5' points='{' '.join(points)}'/>"
             )
-    parts.append(f"<text x='3' y='10' font-size='10' fill='#616161'>{escape(fmt_number(top))}{escape(unit)}</text>")
+    text = f"font-size='{LABEL_PX}' fill='#424242'"
+    parts.append(f"<text class='scale' x='3' y='{STRIP - 4}' {text}>{escape(scale(top))}</text>")
     since = f"-{window // 60} min" if window >= 120 else f"-{window} s"
-    parts.append(f"<text x='3' y='{HEIGHT - 3}' font-size='9' fill='#9e9e9e'>{since}</text>")
-    parts.append(f"<text x='{WIDTH - 3}' y='{HEIGHT - 3}' font-size='9' fill='#9e9e9e' text-anchor='end'>now</text>")
+    parts.append(f"<text class='axis' x='3' y='{HEIGHT - 4}' {text}>{since}</text>")
+    parts.append(f"<text class='axis' x='{WIDTH - 3}' y='{HEIGHT - 4}' {text} text-anchor='end'>now</text>")
     parts.append("</svg>")
     return "".join(parts)
 
@@ -189,8 +226,9 @@ def _last(values: Sequence[float | None]) -> float | None:
     return next((v for v in reversed(values) if v is not None), None)
 
 
-def charts(history: Mapping[str, Any] | None, end: int) -> str:
-    """The three sparklines of one service (an empty note while there is no history)."""
+def charts(history: Mapping[str, Any] | None, end: int, service: Mapping[str, Any]) -> str:
+    """The three sparklines of one service (an empty note while there is no history),
+    their legends with the figures of the service's summary (``service``)."""
     if not history or not history.get("t"):
         return "<p class='muted'>no history yet (one point a second)</p>"
     times = history["t"]
@@ -205,9 +243,7 @@ def charts(history: Mapping[str, Any] | None, end: int) -> str:
     rejected = [sum(values) for values in zip(*history["rejected"].values(), strict=True)] or [0] * len(times)
     server_errors = history["responses"]["5xx"]
     requests = history["requests"]
-    total = sum(requests)
-    share_5xx = f"{sum(server_errors) / total:.1%}" if total else "-"
-    share_rejected = f"{sum(rejected) / total:.1%}" if total else "-"
+    per_second = service.get("per_second", {})
     rates = [
         Line("requests", requests, COLOURS["requests"]),
         Line("5xx", server_errors, COLOURS["5xx"]),
@@ -215,24 +251,30 @@ def charts(history: Mapping[str, Any] | None, end: int) -> str:
     ]
     p99 = history["queue_wait_p99"]
     last_p99 = _last(p99)
-    caps = "unlimited" if _last(capacity) is None and capacity else fmt_number(_last(capacity) or 0)
+    caps = "unlimited" if service["capacity"] is None else service["capacity"]
     figures = [
         (
-            f"{_key('queued', COLOURS['queued'])} {history['queued'][-1]}"
-            f"{_key('in flight', COLOURS['in_flight'])} {history['in_flight'][-1]}"
-            f"{_key('capacity', COLOURS['capacity'])} {caps}",
+            f"<span class='legend' data-legend='queued'>{_key('queued', COLOURS['queued'])} {service['queued']}</span>"
+            f"<span class='legend' data-legend='in_flight'>{_key('in flight', COLOURS['in_flight'])}"
+            f" {service['in_flight']}</span>"
+            f"<span class='legend' data-legend='capacity'>{_key('capacity', COLOURS['capacity'])} {caps}</span>",
             sparkline(times, load, end=end, window=window, markers=markers, label="queued, in flight and capacity"),
         ),
         (
-            f"{_key('requests/s', COLOURS['requests'])} {requests[-1]}"
-            f"{_key('5xx', COLOURS['5xx'])} {share_5xx}"
-            f"{_key('rejected', COLOURS['rejected'])} {share_rejected} <span class='muted'>of the answers</span>",
+            f"<span class='legend' data-legend='requests'>{_key('req/s', COLOURS['requests'])}"
+            f" {fmt_number(service.get('requests_per_second', 0.0))}</span>"
+            f"<span class='legend' data-legend='5xx'>{_key('5xx', COLOURS['5xx'])}"
+            f" {fmt_number(per_second.get('responses', {}).get('5xx', 0.0))}/s</span>"
+            f"<span class='legend' data-legend='rejected'>{_key('rejected', COLOURS['rejected'])}"
+            f" {fmt_number(per_second.get('rejected', 0.0))}/s</span>"
+            " <span class='muted'>(last 10 s)</span>",
             sparkline(
                 times, rates, end=end, window=window, markers=markers, label="requests per second, 5xx and rejected"
             ),
         ),
         (
-            f"{_key('queue wait p99', COLOURS['p99'])} {fmt_seconds(last_p99)}",
+            f"<span class='legend' data-legend='queue_wait_p99'>{_key('queue wait p99', COLOURS['p99'])}"
+            f" {fmt_seconds(last_p99)}</span> <span class='muted'>(last second with a wait)</span>",
             sparkline(
                 times,
                 [Line("queue_wait_p99", p99, COLOURS["p99"])],
@@ -240,7 +282,7 @@ def charts(history: Mapping[str, Any] | None, end: int) -> str:
                 window=window,
                 markers=markers,
                 label="queue wait p99 (seconds)",
-                unit=" s",
+                scale=fmt_seconds,
                 floor=0.001,
             ),
         ),
@@ -260,40 +302,85 @@ def trouble_key(pod: Mapping[str, Any]) -> tuple[bool, int, int]:
     return (pod["state"] == "healthy", -int(pod.get("failures", 0)), -int(pod.get("in_flight", 0)))
 
 
-def _probe_cells(last: Mapping[str, Any] | None) -> str:
-    if not last:
-        return "<td class='l muted'>-</td><td>-</td><td>-</td>"
-    result = str(last.get("result", ""))
-    css = "l" if result == "pass" else "l err"
-    return (
-        f"<td class='{css}'>{escape(result)}</td><td>{escape(fmt_seconds(last.get('duration_seconds')))}</td>"
-        f"<td>{escape(fmt_seconds(last.get('seconds_ago')))} ago</td>"
-    )
+def _mean_pod_time(pod: Mapping[str, Any]) -> float | None:
+    """The pod's time per answer over the last ten seconds (None: no answer then)."""
+    recent = pod.get("recent_pod_time_seconds") or {}
+    count = recent.get("count", 0)
+    return recent.get("sum", 0.0) / count if count else None
 
 
-POD_HEADER = (
-    "<tr><th class='l'>pod</th><th class='l'>state</th><th>in flight</th><th>slots</th><th>requests</th><th>req/s</th>"
-    "<th>failures</th><th>streak</th><th class='l'>last probe</th><th>took</th><th>when</th><th>in state</th></tr>"
+def _probe(pod: Mapping[str, Any], field: str) -> Any:
+    return (pod.get("last_probe") or {}).get(field)
+
+
+#: The pod table, grouped as HAProxy's stats page groups its columns: (group, header,
+#: ``data-col``, the cell's text from the pod). Cells are escaped by ``pod_row``.
+POD_TABLE: tuple[tuple[str, str, str, Callable[[Mapping[str, Any]], str]], ...] = (
+    ("", "pod", "pod", lambda pod: str(pod["address"])),
+    ("", "state", "state", lambda pod: str(pod["state"])),
+    ("in flight", "now", "in_flight", lambda pod: str(pod["in_flight"])),
+    ("in flight", "max 15 min", "peak_window", lambda pod: str(pod.get("peak_in_flight_window", "-"))),
+    ("in flight", "max", "peak", lambda pod: str(pod.get("peak_in_flight", "-"))),
+    ("in flight", "slots", "slots", lambda pod: "\u221e" if pod.get("slots") is None else str(pod["slots"])),
+    ("requests", "total", "requests", lambda pod: str(pod.get("requests", 0))),
+    ("requests", "req/s", "requests_per_second", lambda pod: fmt_number(pod.get("requests_per_second", 0.0))),
+    ("requests", "retried", "retries", lambda pod: str(pod.get("retries", 0))),
+    *(
+        ("answers", cls, cls, lambda pod, cls=cls: str((pod.get("responses") or {}).get(cls, 0)))
+        for cls in ("2xx", "3xx", "4xx", "5xx")
+    ),
+    ("", "pod time", "pod_time", lambda pod: fmt_seconds(_mean_pod_time(pod))),
+    ("failures", "total", "failures_total", lambda pod: str(pod.get("failures_total", 0))),
+    ("failures", "streak", "streak", lambda pod: str(pod.get("failures", 0))),
+    ("last probe", "result", "probe", lambda pod: str(_probe(pod, "result") or "-")),
+    ("last probe", "took", "probe_took", lambda pod: fmt_seconds(_probe(pod, "duration_seconds"))),
+    ("last probe", "when", "probe_when", lambda pod: _ago(_probe(pod, "seconds_ago"))),
+    ("time", "in state", "in_state", lambda pod: fmt_seconds(pod.get("seconds_in_state"))),
+    ("time", "pending", "pending_total", lambda pod: fmt_seconds((pod.get("seconds_by_state") or {}).get("pending"))),
 )
+_LEFT = frozenset({"pod", "state", "probe"})
+
+
+def _ago(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{fmt_seconds(seconds)} ago"
+
+
+def _pod_header() -> str:
+    """Two header rows: the groups over their columns, then the columns."""
+    top = "".join(
+        f"<th colspan='{len(list(columns))}'>{escape(group)}</th>"
+        for group, columns in groupby(POD_TABLE, key=lambda column: column[0])
+    )
+    names = "".join(
+        f"<th class='l'>{escape(name)}</th>" if col in _LEFT else f"<th>{escape(name)}</th>"
+        for _, name, col, _ in POD_TABLE
+    )
+    return f"<tr class='groups'>{top}</tr><tr>{names}</tr>"
+
+
+POD_HEADER = _pod_header()
 
 
 def pod_row(pod: Mapping[str, Any]) -> str:
     slots = pod.get("slots")
     busy = slots is not None and pod["in_flight"] >= max(slots, 1)
-    colour = STATE_COLOURS.get(pod["state"], "#424242")
-    streak = int(pod.get("failures", 0))
     row_class = " class='busy'" if busy else ""
-    streak_class = " class='err'" if streak else ""
-    return (
-        f"<tr{row_class} data-pod='{escape(pod['address'])}'>"
-        f"<td class='l'>{escape(pod['address'])}</td>"
-        f"<td class='l'><span class='state' style='background:{colour}'>{escape(pod['state'])}</span></td>"
-        f"<td>{pod['in_flight']}</td><td>{'&infin;' if slots is None else slots}</td>"
-        f"<td>{pod.get('requests', 0)}</td><td>{fmt_number(pod.get('requests_per_second', 0.0))}</td>"
-        f"<td>{pod.get('failures_total', 0)}</td><td{streak_class}>"
-        f"{streak}</td>{_probe_cells(pod.get('last_probe'))}"
-        f"<td>{escape(fmt_seconds(pod.get('seconds_in_state')))}</td></tr>"
-    )
+    cells = []
+    for _, _, col, text in POD_TABLE:
+        value = escape(text(pod))
+        classes = ["l"] if col in _LEFT else []
+        if col == "state":
+            colour = STATE_COLOURS.get(pod["state"], "#424242")
+            value = f"<span class='state' style='background:{colour}'>{value}</span>"
+        elif col == "probe" and value not in ("pass", "-"):
+            classes.append("err")
+        elif col == "probe" and value == "-":
+            classes.append("muted")
+        elif col == "streak" and int(pod.get("failures", 0)):
+            classes.append("err")
+        css = f" class='{' '.join(classes)}'" if classes else ""
+        cells.append(f"<td{css} data-col='{col}'>{value}</td>")
+    return f"<tr{row_class} data-pod='{escape(pod['address'])}'>{''.join(cells)}</tr>"
 
 
 def pod_tables(name: str, pods: Sequence[Mapping[str, Any]]) -> str:
@@ -360,7 +447,7 @@ def service_section(name: str, service: Mapping[str, Any], history: Mapping[str,
     return (
         f"<section class='service' id='service-{esc(name)}'><h2>{esc(name)}</h2>"
         f"<p class='summary'>{' &middot; '.join(summary)}</p>"
-        f"{charts(history, end)}"
+        f"{charts(history, end, service)}"
         f"<p>{_counts('answers', totals.get('responses', {}))}"
         f"<br>{_counts('rejections', totals.get('rejected', {}))}"
         f"<br>{_counts('pods', dict(sorted(states.items())))}</p>"
@@ -411,6 +498,11 @@ def render_page(status: Mapping[str, Any], history: Mapping[str, Any] | None = N
             + "</p>"
         )
     histories = (history or {}).get("services", {})
+    if not status["services"]:
+        parts.append(
+            f"<p class='no-services'>no services: <code>{esc(str(config.get('path', '')))}</code> configures none"
+            " (<code>services: {}</code>); add one to the file and it is served once the file is saved.</p>"
+        )
     for name, service in status["services"].items():
         parts.append(service_section(name, service, histories.get(name), end))
     parts.append("</body></html>")
@@ -435,12 +527,19 @@ POD_COLUMNS = (
     "pod",
     "state",
     "in_flight",
+    "peak_in_flight",
+    "peak_in_flight_window",
     "slots",
     "requests",
     "requests_per_second",
+    "retries",
+    *(f"responses_{cls}" for cls in CLASSES),
+    "pod_time_seconds_count",
+    "pod_time_seconds_sum",
     "failures",
     "failures_total",
     "seconds_in_state",
+    *(f"seconds_{state}" for state in STATES),
     "last_probe_result",
     "last_probe_duration_seconds",
     "last_probe_seconds_ago",
@@ -477,16 +576,26 @@ def status_csv(status: Mapping[str, Any]) -> str:
                 writer.writerow([_cell(v) for v in head] + [""] * len(POD_COLUMNS))
                 continue
             probe = pod.get("last_probe") or {}
+            responses = pod.get("responses") or {}
+            pod_time = pod.get("pod_time_seconds") or {}
+            spent = pod.get("seconds_by_state") or {}
             row = [
                 pod["address"],
                 pod["state"],
                 pod["in_flight"],
+                pod.get("peak_in_flight"),
+                pod.get("peak_in_flight_window"),
                 pod.get("slots"),
                 pod.get("requests"),
                 pod.get("requests_per_second"),
+                pod.get("retries"),
+                *(responses.get(cls) for cls in CLASSES),
+                pod_time.get("count"),
+                pod_time.get("sum"),
                 pod.get("failures"),
                 pod.get("failures_total"),
                 pod.get("seconds_in_state"),
+                *(spent.get(state) for state in STATES),
                 probe.get("result"),
                 probe.get("duration_seconds"),
                 probe.get("seconds_ago"),

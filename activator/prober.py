@@ -15,6 +15,10 @@ What is probed, when a probe is due and what an outcome counts as are decided in
 - The outcome comes from what happened, by type: a 2xx/3xx answer passes; another
   status is ``BAD_STATUS``; a connection that could not be made is ``REFUSED``; no
   complete answer in time is ``TIMED_OUT``; anything else broken is ``BROKEN``.
+- **A pass is an answer within ``timeout``, as measured here** (``within_timeout``): the
+  pool's deadlines are swept every 0.1 s and a busy loop reads late, so an answer can
+  complete after the timeout; it is then ``TIMED_OUT`` (saying how long it took), never
+  a pass that took longer than the probe allows.
 """
 
 from __future__ import annotations
@@ -103,11 +107,19 @@ class Prober:
                 started = time.monotonic()
                 outcome, detail = probe_once(pool, address, probe, protocol)
                 duration = time.monotonic() - started
+                outcome, detail = within_timeout(outcome, detail, duration, probe.timeout)
                 verdict = judge(outcome, tracker.in_flight)
                 if verdict is not Verdict.INCONCLUSIVE:
                     self.writer.post(ProbeReport(service_name, address, verdict, detail, duration))
         finally:
             pool.close()
+
+
+def within_timeout(outcome: ProbeOutcome, detail: str, duration: float, timeout: float) -> tuple[ProbeOutcome, str]:
+    """A probe's outcome, given how long it took: a pass after ``timeout`` is a timeout."""
+    if outcome is ProbeOutcome.PASSED and duration > timeout:
+        return ProbeOutcome.TIMED_OUT, f"answered after {duration:.2f}s, over the {timeout:g}s timeout"
+    return outcome, detail
 
 
 def probe_once(pool: PodClient, address: str, probe: ProbeConfig, protocol: str = HTTP1) -> tuple[ProbeOutcome, str]:

@@ -18,7 +18,15 @@ What this module decides:
   ``admin`` and ``workers`` changes are reported as needing a restart. One reload at a
   time, in the order asked.
 - History (``history.History``, kept by the observer): one greenlet samples the
-  topology into it once a second, just after each whole wall-clock second.
+  topology into it once a second, just after each whole wall-clock second; the same
+  step checks the failure streaks of unprobed pods (``observe.FailureStreaks``) and
+  keeps systemd's ``STATUS=`` line current (``systemd.StatusLine``: sent when it
+  changed, at most once a second; also right after pod states changed).
+- Refusals: the engine tells the observer of every request it refuses before any
+  application runs (``HttpServer(on_refusal=...)``): one access-log line and one count.
+- A reload logs one record, one line per change (``logs`` prefixes each line); a
+  certificate or key that changed under the same paths is a change too (the
+  certificate's SHA-256 fingerprint is logged), never "no change".
 - Signals (``signals.Signals``): SIGHUP re-reads the file; SIGTERM or SIGINT starts a
   graceful stop: /readyz turns 503, the listener closes, new requests on kept-alive
   connections get 503 ``shutting-down``, queued and in-flight requests finish within
@@ -28,6 +36,7 @@ What this module decides:
 from __future__ import annotations
 
 import datetime
+import hashlib
 import logging
 import math
 import os
@@ -44,9 +53,9 @@ from gevent.event import Event
 from . import __version__
 from .admin import make_admin_app
 from .configfile import load_config
-from .core.config import Address, Config, ConfigDiff, LimitsConfig, diff_configs
+from .core.config import Address, Config, ConfigDiff, LimitsConfig, TlsConfig, diff_configs
 from .core.errors import ConfigError
-from .core.events import ConfigChanged, Tick, ViewReceived
+from .core.events import ConfigChanged, Tick, TransportFailure, ViewReceived
 from .core.events import Event as TopologyEvent
 from .core.throttler import Grant, ServiceThrottler
 from .core.topology import Topology
@@ -60,8 +69,8 @@ from .prober import Prober
 from .proxy import Proxy, make_app
 from .sharing import SlotSharing
 from .signals import Signals
-from .sockets import listen_socket
-from .systemd import Notifier, run_watchdog
+from .sockets import CannotListen, listen_socket
+from .systemd import Notifier, StatusLine, run_watchdog
 from .tls import load_context
 from .watcher import FileWatcher
 from .workersockets import WorkerSockets
@@ -95,6 +104,7 @@ class Runtime:
         self.ready = False
         self.stopping = False
         self.notifier = Notifier.from_env()
+        self.status_line = StatusLine(self.notifier)
         self.observer = Observer(access_log=config.access_log)
         self.topology = Topology(
             config,
@@ -126,8 +136,10 @@ class Runtime:
         self.proxy.peers = PeerEndpoint(self.topology, self.writer.post, me, worker.secret if worker else None)
         self.checker = PeerChecker(self.topology, self.writer.post, me, worker.secret if worker else None)
         self.watcher = FileWatcher(self.path, self.reload)
-        #: The proxy listener's TLS context (``tls:``), made at start and on each reload.
+        #: The proxy listener's TLS context (``tls:``), made at start and on each reload,
+        #: and what its files held then (``tls_identity``).
         self._tls_context = load_context(config.tls, config.path) if config.tls is not None else None
+        self._tls_identity = tls_identity(config.tls)
         self._tls_watchers: list[gevent.Greenlet] = []
         self.signals = Signals(self._reload_on_signal, self.stop, self._exit_now)
         self._stopped = Event()
@@ -154,12 +166,20 @@ class Runtime:
         config = self.config
         worker = self.worker
         app = make_app(self.proxy)
+        refused = self.observer.refused
         self.server = HttpServer(
-            worker.public if worker else listen_on(config.listen), app, config.limits, tls=self._tls_context
+            worker.public if worker else listen_on(config.listen),
+            app,
+            config.limits,
+            tls=self._tls_context,
+            on_refusal=refused,
+            on_budget=self.observer.h2_goaway,
         )
         self.server.start()
         if worker is not None:
-            self.private_server = HttpServer(worker.private, app, config.limits)
+            self.private_server = HttpServer(
+                worker.private, app, config.limits, on_refusal=refused, on_budget=self.observer.h2_goaway
+            )
             self.private_server.start()
             self.admin_server = HttpServer(worker.admin, make_admin_app(self), LimitsConfig())
             self.admin_server.start()
@@ -192,7 +212,7 @@ class Runtime:
             len(config.services),
             self.path,
         )
-        self.notifier.ready(self.summary())
+        self.notifier.ready(self.status_line.sent(self.summary(), time.monotonic()))
 
     def is_serving(self) -> bool:
         return self.ready and not self.stopping
@@ -219,7 +239,8 @@ class Runtime:
 
     def _sample_history(self) -> None:
         """Sample the topology into the history once a second, just after each whole
-        wall-clock second (so that the workers' points line up)."""
+        wall-clock second (so that the workers' points line up); check the unprobed
+        pods' failure streaks and the STATUS= line in the same step."""
         history = self.observer.history
         failed = False
         while True:
@@ -227,6 +248,9 @@ class Runtime:
             gevent.sleep(math.floor(now) + 1 - now + HISTORY_OFFSET)
             try:
                 history.sample(self.topology.services, int(time.time()))
+                self.observer.streaks.check(self.topology.services)
+                if not self.stopping:
+                    self.status_line.update(self.summary(), time.monotonic())
             except Exception:  # a bug: the history stops, the proxy goes on; said once
                 if not failed:
                     failed = True
@@ -234,6 +258,8 @@ class Runtime:
 
     def _states_changed(self) -> None:
         self.prober.sync()
+        if self.ready and not self.stopping:
+            self.status_line.update(self.summary(), time.monotonic())
 
     def _my_name(self) -> str:
         peers = self.config.activators
@@ -254,6 +280,10 @@ class Runtime:
             self._close_unused_pools()
         elif isinstance(event, ViewReceived) and self.topology.fleet.handovers.pending:
             self.checker.kick()  # a lifted cap is a hand-over too: ask its holders now
+        elif isinstance(event, TransportFailure):
+            throttler = self.topology.services.get(event.service)
+            if throttler is not None:
+                self.observer.streaks.failed(throttler, event.address, event.kind.value)
         for change in self.topology.fleet.take_changes():
             level = logging.WARNING if change.new.value == "down" else logging.INFO
             log.log(level, "peer %s: %s -> %s (%s)", change.name, change.old.value, change.new.value, change.detail)
@@ -290,18 +320,22 @@ class Runtime:
             if self.topology.worker_index == 0:  # one count per activator, not per worker
                 self.observer.reload(False)
             log.error("config reload (%s) failed, keeping the running config: %s", reason, error)
-            self.notifier.ready(f"reload failed: {error}")
+            self.notifier.ready(self.status_line.sent(f"reload failed: {error}", time.monotonic()))
             return
-        new, diff, context = loaded
+        new, diff, context, identity = loaded
         self._tls_context = context
         applied = Event()
         self.writer.post(ConfigChanged(new, diff), applied)
         applied.wait()
-        if diff.is_empty():
+        changes = [] if diff.is_empty() else diff.describe().splitlines()
+        if new.tls is not None and identity is not None and identity != self._tls_identity:
+            changes.append(f"tls: certificate {new.tls.cert} reloaded (sha256 {identity[0]})")
+        self._tls_identity = identity
+        if not changes:
             log.info("config reload (%s): no change", reason)
         else:
-            log.info("config reload (%s) applied:\n%s", reason, diff.describe())
-        self.notifier.ready(self.summary())
+            log.info("config reload (%s) applied:\n%s", reason, "\n".join(changes))
+        self.notifier.ready(self.status_line.sent(self.summary(), time.monotonic()))
 
     def _follow_config(self, new: Config) -> None:
         """The settings outside the topology follow a new configuration. Does not yield."""
@@ -389,13 +423,38 @@ class Runtime:
                 "last_error": self.last_error,
             },
             "reloads": dict(self.observer.history.reloads),
+            "refused": dict(sorted(self.observer.history.refusals.items())),
+            "h2_goaway": dict(self.observer.h2_goaways),
             "services": self.observer.history.annotate(self.topology.snapshot(now)),
         }
 
 
-def _load_and_diff(path: str, old: Config) -> tuple[Config, ConfigDiff, ssl.SSLContext | None] | ConfigError:
-    """Read ``path``: the new config, what applying it changes, and its TLS context (the
-    certificate and key read again); or the ``ConfigError`` that makes it unusable.
+def tls_identity(tls: TlsConfig | None) -> tuple[str, str] | None:
+    """What the TLS files hold, to tell a new certificate from the running one: the
+    leaf certificate's SHA-256 fingerprint (as ``openssl x509 -fingerprint -sha256``
+    writes it) and a digest of both files; None without TLS or when they cannot be read
+    (``tls.load_context`` says why)."""
+    if tls is None:
+        return None
+    try:
+        with open(tls.cert, "rb") as cert, open(tls.key, "rb") as key:
+            cert_bytes, key_bytes = cert.read(), key.read()
+        pem = cert_bytes.decode("ascii", "replace")
+        begin, end = "-----BEGIN CERTIFICATE-----", "-----END CERTIFICATE-----"
+        start = pem.index(begin)
+        der = ssl.PEM_cert_to_DER_cert(pem[start : pem.index(end, start) + len(end)])
+    except (OSError, ValueError):
+        return None
+    fingerprint = ":".join(f"{byte:02X}" for byte in hashlib.sha256(der).digest())
+    return fingerprint, hashlib.sha256(cert_bytes + b"\0" + key_bytes).hexdigest()
+
+
+def _load_and_diff(
+    path: str, old: Config
+) -> tuple[Config, ConfigDiff, ssl.SSLContext | None, tuple[str, str] | None] | ConfigError:
+    """Read ``path``: the new config, what applying it changes, its TLS context (the
+    certificate and key read again) and what those files hold (``tls_identity``); or the
+    ``ConfigError`` that makes it unusable.
 
     Runs in the threadpool, which prints the traceback of anything raised there: an
     expected error is returned, never raised (anything else is a bug, and printed)."""
@@ -404,7 +463,7 @@ def _load_and_diff(path: str, old: Config) -> tuple[Config, ConfigDiff, ssl.SSLC
         context = load_context(new.tls, path) if new.tls is not None else None
     except ConfigError as error:
         return error
-    return new, diff_configs(old, new), context
+    return new, diff_configs(old, new), context, tls_identity(new.tls)
 
 
 def _iso(timestamp: float) -> str:
@@ -420,7 +479,10 @@ def run(config: Config, worker: WorkerSockets | None) -> int:
         return 2
     try:
         runtime.start()
+    except CannotListen as error:  # names the address: "cannot listen on 127.0.0.1:8080: ..."
+        log.error("%s", error)
+        return 1
     except OSError as error:
-        log.error("cannot listen: %s", error)
+        log.error("cannot start: %s", error)
         return 1
     return runtime.serve_forever()

@@ -12,8 +12,21 @@ from __future__ import annotations
 import socket
 
 
+class CannotListen(OSError):
+    """A listener that could not be made; its text names the address (``cannot listen on
+    127.0.0.1:8080: Address already in use``)."""
+
+    def __init__(self, host: str, port: int, error: OSError) -> None:
+        super().__init__(error.errno, error.strerror or str(error))
+        self.address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+    def __str__(self) -> str:
+        return f"cannot listen on {self.address}: {self.strerror}"
+
+
 def listen_socket(host: str, port: int, *, reuse_port: bool = False, backlog: int = 1024) -> socket.socket:
-    """A non-blocking listening TCP socket with TCP_NODELAY on ``host:port``."""
+    """A non-blocking listening TCP socket with TCP_NODELAY on ``host:port``; raises
+    ``CannotListen``."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
@@ -23,6 +36,9 @@ def listen_socket(host: str, port: int, *, reuse_port: bool = False, backlog: in
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.bind((host, port))
         sock.listen(backlog)
+    except OSError as error:
+        sock.close()
+        raise CannotListen(host, port, error) from error
     except BaseException:
         sock.close()
         raise

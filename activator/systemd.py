@@ -20,19 +20,28 @@ Rules:
 - Watchdog pings are sent from a greenlet on the event loop (``run_watchdog``), so a
   loop that is stuck (a greenlet that never yields) stops the pings and systemd
   restarts the service.
+- ``STATUS=`` is kept current (``StatusLine``): the caller offers the line whenever it
+  may have changed (pod states changed, and once a second); it is sent when it differs
+  from the last one sent and at least ``STATUS_INTERVAL`` after it (a line that changed
+  within the interval goes at the next offer after it), so ``systemctl status`` is never
+  more than a moment behind and systemd gets at most one message a second.
 """
 
 from __future__ import annotations
 
 import _socket
 import logging
+import math
 import os
 import time
 from collections.abc import Callable, Mapping
 
-__all__ = ["Notifier", "run_watchdog", "watchdog_interval"]
+__all__ = ["Notifier", "StatusLine", "run_watchdog", "watchdog_interval"]
 
 log = logging.getLogger(__name__)
+
+#: The shortest time between two ``STATUS=`` lines sent by ``StatusLine.update``.
+STATUS_INTERVAL = 1.0
 
 
 def watchdog_interval(environ: Mapping[str, str] | None = None) -> float | None:
@@ -164,6 +173,29 @@ class Notifier:
     def watchdog(self) -> bool:
         """``WATCHDOG=1``: one keep-alive ping."""
         return self.notify(WATCHDOG=1)
+
+
+class StatusLine:
+    """Keeps systemd's ``STATUS=`` current, rate-limited (see the module docstring).
+    Does not yield, never raises."""
+
+    def __init__(self, notifier: Notifier, interval: float = STATUS_INTERVAL) -> None:
+        self.notifier = notifier
+        self.interval = interval
+        self.last: str | None = None  # the last line sent
+        self.last_at = -math.inf  # when (monotonic seconds)
+
+    def update(self, text: str, now: float) -> bool:
+        """Send ``text`` if it is news and the last line is old enough: whether it was sent."""
+        if text == self.last or now - self.last_at < self.interval:
+            return False
+        self.sent(text, now)
+        return self.notifier.notify(STATUS=text)
+
+    def sent(self, text: str, now: float) -> str:
+        """Note a line sent along with another message (``READY=1``); returns it."""
+        self.last, self.last_at = text, now
+        return text
 
 
 def run_watchdog(notifier: Notifier, *, sleep: Callable[[float], object] | None = None) -> None:

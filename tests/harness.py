@@ -1317,7 +1317,7 @@ class AccessRecord:
 _ACCESS_LINE = re.compile(
     r"^\S+ \S+ (?P<service>\S+) (?P<pod>\S+) (?P<status>\d{3}) (?P<reason>\S+) "
     r"Tw=-?\d+ Tr=-?\d+ Tt=-?\d+ bytes=(?P<bytes>\d+)(?: in=(?P<bytes_in>\d+))? "
-    r'"(?P<method>\S+) (?P<target>[^"]*)"$'
+    r'"(?P<method>\S+)(?: (?P<target>[^"]*))?"$'  # "-": no request line could be read
 )
 
 
@@ -1334,7 +1334,7 @@ def parse_access_line(line: str) -> AccessRecord | None:
         int(m["bytes"]),
         None if m["bytes_in"] is None else int(m["bytes_in"]),
         m["method"],
-        m["target"],
+        m["target"] or "",
         line.strip(),
     )
 

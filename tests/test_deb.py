@@ -356,15 +356,38 @@ def test_install_upgrade_remove_purge(scratch: ScratchRoot, deb_a: Path, deb_b: 
     assert not (root / UNIT).exists()
     assert (root / CONF).read_text() == edited
 
-    # Purge: the config, its directory, the enable link and the drop-ins go; nothing is
-    # left but the dpkg database and empty directories.
+    # The operator keeps the peer secret where the README says (and has a drop-in, above).
+    secret = root / CONF.parent / "peer.secret"
+    secret.write_text("0123456789abcdef0123456789abcdef\n")
+    secret.chmod(0o600)
+    drop_in = root / "etc/systemd/system/activator.service.d/override.conf"
+
+    # Purge: what the package installed or made goes (the config, the enable link); the
+    # operator's own files stay, and purge says so.
     result = scratch.dpkg("--purge", "activator")
     assert result.returncode == 0, result.stdout + result.stderr
     assert scratch.status() == "not known"
-    assert not (root / CONF).parent.exists()
+    assert not (root / CONF).exists()
     assert not (root / ENABLE_LINK).is_symlink()
-    assert not (root / "etc/systemd/system/activator.service.d").exists()
+    assert secret.read_text() == "0123456789abcdef0123456789abcdef\n" and stat.S_IMODE(secret.stat().st_mode) == 0o600
+    assert drop_in.read_text() == "[Service]\n"
+    said = result.stdout + result.stderr
+    assert f"kept {root / CONF.parent}" in said and "activator.service.d" in said, said
     admin = root / "var" / "lib" / "dpkg"
+    left = sorted(p for p in root.rglob("*") if not p.is_dir() and admin not in p.parents)
+    assert left == sorted([secret, drop_in])
+
+    # Without the operator's files, a purge leaves nothing but the dpkg database and
+    # empty directories.
+    secret.unlink()
+    drop_in.unlink()
+    result = scratch.dpkg("--install", str(deb_a))
+    assert result.returncode == 0, result.stdout + result.stderr
+    result = scratch.dpkg("--purge", "activator")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert not (root / CONF).parent.exists()
+    assert not (root / "etc/systemd/system/activator.service.d").exists()
+    assert "kept" not in result.stdout + result.stderr
     left = [p for p in root.rglob("*") if not p.is_dir() and admin not in p.parents]
     assert left == []
 

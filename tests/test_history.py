@@ -25,6 +25,8 @@ from activator.history import (
     CLASSES,
     POINTS,
     REASONS,
+    REFUSED_BEFORE_ROUTING,
+    SERVICE_REASONS,
     STATES,
     TRANSITIONS_KEPT,
     History,
@@ -73,7 +75,7 @@ def test_requests_become_one_point_per_second_by_class_reason_and_bytes() -> Non
     h.request_done(record(status=503, reason="queue-full", wait=None))
     h.request_done(record(status=499, reason="client-gone"))  # a 4xx, not a rejection
     h.request_done(record(status=502, reason="upstream-connect"))
-    h.request_done(record(service="-", status=404, reason="unknown-host"))  # no service: not counted
+    h.request_done(record(service="-", status=404, reason="unknown-host"))  # no service: a refusal only
     h.sample({"api": t}, 1000)
     h.request_done(record(status=204))
     h.sample({"api": t}, 1001)
@@ -88,10 +90,72 @@ def test_requests_become_one_point_per_second_by_class_reason_and_bytes() -> Non
     status = h.annotate({"api": {"pods": []}})["api"]
     assert status["totals"]["requests"] == 5
     assert status["totals"]["responses"] == {"1xx": 0, "2xx": 2, "3xx": 0, "4xx": 1, "5xx": 2}
-    assert status["totals"]["rejected"] == {"queue-full": 1, "upstream-connect": 1}
+    rejected = status["totals"]["rejected"]
+    assert {reason: n for reason, n in rejected.items() if n} == {"queue-full": 1, "upstream-connect": 1}
+    assert set(rejected) == SERVICE_REASONS, "every reason a service's request can get, from the start"
+    assert h.refusals["unknown-host"] == 1
     assert (status["totals"]["bytes_in"], status["totals"]["bytes_out"]) == (10, 100)
     assert status["requests_per_second"] == 2.5  # 5 requests over the 2 points there are
     assert status["per_second"]["rejected"] == 1.0
+
+
+def pod_record(pod: str, status: int, pod_time: float | None) -> RequestRecord:
+    r = record(status=status)
+    r.pod = pod
+    r.upstream_start = None if pod_time is None else r.end - pod_time
+    return r
+
+
+def test_each_pod_counts_its_answers_by_class_and_its_pod_time() -> None:
+    h = History()
+    t = throttler(A, B)
+    h.sample({"api": t}, 1)
+    h.request_done(pod_record(A, 200, 0.25))
+    h.request_done(pod_record(A, 503, 0.5))
+    h.request_done(pod_record(A, 499, None))  # the client left before it was sent: no pod time
+    h.request_done(pod_record(B, 204, 0.125))
+    h.sample({"api": t}, 2)
+    h.request_done(pod_record(A, 200, 1.0))  # after the last point: in the totals, not the recent ones
+    pods = {pod["address"]: pod for pod in h.annotate({"api": t.snapshot(2.0)})["api"]["pods"]}
+    assert pods[A]["responses"] == {"1xx": 0, "2xx": 2, "3xx": 0, "4xx": 1, "5xx": 1}
+    assert pods[A]["pod_time_seconds"] == {"count": 3, "sum": 1.75}
+    assert pods[A]["recent_pod_time_seconds"] == {"count": 2, "sum": 0.75}
+    assert pods[B]["responses"]["2xx"] == 1 and pods[B]["pod_time_seconds"] == {"count": 1, "sum": 0.125}
+
+
+def test_a_peak_between_two_samples_is_kept_for_the_window_and_since_start() -> None:
+    h = History()
+    t = throttler(A, cc=2)
+    h.sample({"api": t}, 1)
+    grants = [t.acquire(1.0), t.acquire(1.0)]
+    for g in grants:
+        assert isinstance(g, Grant)
+        t.release(g, 1.5)
+    h.sample({"api": t}, 2)  # nothing in flight now, two at once during the second
+    assert h.export()["services"]["api"]["pods"][A]["peak_in_flight"] == [0, 2]
+    (pod,) = h.annotate({"api": t.snapshot(2.0)})["api"]["pods"]
+    assert (pod["in_flight"], pod["peak_in_flight"], pod["peak_in_flight_window"]) == (0, 2, 2)
+    one = t.acquire(3.0)  # not sampled yet: the window's peak includes the current second
+    (pod,) = h.annotate({"api": t.snapshot(3.0)})["api"]["pods"]
+    assert pod["peak_in_flight_window"] == 2 and pod["in_flight"] == 1
+    assert isinstance(one, Grant)
+    t.release(one, 3.0)
+    for second in range(3, 4 + POINTS):  # the second with one in flight, then fifteen quiet minutes
+        h.sample({"api": t}, second)
+    (pod,) = h.annotate({"api": t.snapshot(9999.0)})["api"]["pods"]
+    assert pod["peak_in_flight_window"] == 0 and pod["peak_in_flight"] == 2
+
+
+def test_refusals_before_routing_are_counted_by_reason_from_zero() -> None:
+    h = History()
+    assert set(h.refusals) == REFUSED_BEFORE_ROUTING and not any(h.refusals.values())
+    assert {"bad-request", "headers-too-large", "bad-host", "unknown-host"} <= REFUSED_BEFORE_ROUTING
+    h.request_done(record(service="-", status=400, reason="bad-host"))
+    h.request_done(record(service="-", status=400, reason="bad-host"))
+    h.request_done(record(service="-", status=499, reason="client-gone"))  # nothing was refused
+    assert h.refusals["bad-host"] == 2 and sum(h.refusals.values()) == 2
+    assert not h.counters, "no service counts them"
+    assert not REFUSED_BEFORE_ROUTING - REASONS and "unknown-host" not in SERVICE_REASONS
 
 
 def test_the_rejection_reasons_are_the_activators_own_answers() -> None:
@@ -114,8 +178,9 @@ def test_gauges_follow_the_topology() -> None:
     assert point(h, "in_flight") == [2, 0]
     assert point(h, "capacity") == [2, 2]
     pods = h.export()["services"]["api"]["pods"]
-    assert pods[A] == {"in_flight": [1, 0], "requests": [1, 0], "failures": [0, 0]}
-    assert pods[B] == {"in_flight": [1, 0], "requests": [1, 0], "failures": [0, 0]}
+    # The peak of second 11 is 1: the grants were released during it.
+    assert pods[A] == {"in_flight": [1, 0], "peak_in_flight": [1, 1], "requests": [1, 0], "failures": [0, 0]}
+    assert pods[B] == {"in_flight": [1, 0], "peak_in_flight": [1, 1], "requests": [1, 0], "failures": [0, 0]}
 
 
 def test_an_unlimited_service_has_no_capacity_number() -> None:
@@ -136,8 +201,13 @@ def test_pod_series_count_grants_and_failures_and_start_when_the_pod_does() -> N
     t.release(g, 1.0)
     h.sample({"api": t}, 2)
     pods = h.export()["services"]["api"]["pods"]
-    assert pods[A] == {"in_flight": [0, 0], "requests": [0, 1], "failures": [0, 2]}
-    assert pods[B] == {"in_flight": [None, 0], "requests": [None, 0], "failures": [None, 0]}
+    assert pods[A] == {"in_flight": [0, 0], "peak_in_flight": [0, 1], "requests": [0, 1], "failures": [0, 2]}
+    assert pods[B] == {
+        "in_flight": [None, 0],
+        "peak_in_flight": [None, 0],
+        "requests": [None, 0],
+        "failures": [None, 0],
+    }
     assert t.trackers[A].failures_total == 2
 
 
@@ -275,9 +345,9 @@ def test_the_memory_bound_is_what_the_rings_hold() -> None:
     assert len(ring.rejected) == len(REASONS)
     assert _payload(ring) == service_ring_bytes(len(REASONS))
     assert _payload(ring.pods[A]) == pod_ring_bytes()
-    # The numbers the README states: 84 bytes a point, 4 more per reason seen; 12 a pod.
+    # The numbers the README states: 84 bytes a point, 4 more per reason seen; 24 a pod.
     assert service_ring_bytes(0) == POINTS * 84 == 75_600
-    assert pod_ring_bytes() == POINTS * 12 == 10_800
+    assert pod_ring_bytes() == POINTS * 24 == 21_600
     assert service_ring_bytes(len(REASONS)) == POINTS * (84 + 4 * len(REASONS))
     # Many seconds later nothing grew.
     for second in range(2, 3 * POINTS):
@@ -381,7 +451,7 @@ def test_workers_statuses_merge_the_new_totals() -> None:
     merged = merge_worker_statuses([status(0, 2, 5.0, 0.5), status(1, 3, 1.0, 2.0)])
     api = merged["services"]["api"]
     assert merged["reloads"] == {"ok": 1, "failed": 1}
-    assert api["totals"]["requests"] == 5 and api["totals"]["rejected"] == {"queue-full": 5}
+    assert api["totals"]["requests"] == 5 and api["totals"]["rejected"]["queue-full"] == 5
     assert api["totals"]["responses"]["5xx"] == 5
     assert api["requests_per_second"] == 5.0 and api["per_second"]["rejected"] == 5.0
     assert sum(api["queue_wait_seconds"]["counts"]) == 5
@@ -389,6 +459,8 @@ def test_workers_statuses_merge_the_new_totals() -> None:
     assert api["oldest_wait_seconds"] == 2.0
     (pod,) = api["pods"]
     assert pod["last_probe"]["result"] == "pass 1"  # the most recent
+    assert pod["peak_in_flight"] == 0 and pod["responses"] == dict.fromkeys(CLASSES, 0)
+    assert set(pod["seconds_by_state"]) == set(STATES)
     assert pod["failures_total"] == 3 and pod["transport_failures"] == {"connect_errors.healthy": 3}
     assert pod["requests_per_second"] == 0.0 and pod["slots"] == 2
 

@@ -190,9 +190,31 @@ def test_a_record_without_a_status_counts_in_no_class(receiver: Receiver) -> Non
     assert receiver.lines() == ["t.api.requests:1|c", "t.api.latency:1500.000000|ms"]
 
 
-def test_unrouted_requests_are_not_counted(receiver: Receiver) -> None:
+@pytest.mark.parametrize(
+    ("status", "reason", "name"),
+    [
+        (404, "unknown-host", "unknown_host"),
+        (400, "bad-request", "bad_request"),
+        (400, "bad-host", "bad_host"),
+        (431, "headers-too-large", "header_too_large"),  # SPEC's spelling
+        (400, "bad-request-target", "bad_request_target"),
+        (503, "too-many-connections", "too_many_connections"),
+    ],
+)
+def test_a_refusal_before_routing_is_one_activator_wide_counter(
+    receiver: Receiver, status: int, reason: str, name: str
+) -> None:
     sink = live(statsd(receiver), topology(service()))
-    sink.request_done(record(service="-", status=404, reason="unknown-host", queue_wait=None))
+    sink.request_done(record(service="-", status=status, reason=reason, queue_wait=None))
+    assert receiver.datagrams() == [f"t.rejected.{name}:1|c"]
+    tagged = live(statsd(receiver, tags=True), topology(service()))
+    tagged.request_done(record(service="-", status=status, reason=reason, queue_wait=None))
+    assert receiver.datagrams() == [f"t.rejected.{name}:1|c"], "no service to tag it with"
+
+
+def test_unrouted_records_without_a_refusal_are_not_counted(receiver: Receiver) -> None:
+    sink = live(statsd(receiver), topology(service()))
+    sink.request_done(record(service="-", status=499, reason="client-gone", queue_wait=None))
     assert receiver.datagrams() == []
     sink.request_done(record())
     assert SENT_A_REQUEST in receiver.lines(), "the sink was live: the silence above counts"
@@ -216,6 +238,13 @@ def test_tags_mode(receiver: Receiver) -> None:
     assert receiver.lines() == ["t.pod_transitions.pending:1|c|#service:api"]
     sink.reload(True)
     assert receiver.lines() == ["t.config.reload.ok:1|c"]
+
+
+def test_http2_budget_goaways_are_counted_by_budget(receiver: Receiver) -> None:
+    sink = live(statsd(receiver), topology(service()))
+    sink.h2_goaway("resets")
+    sink.h2_goaway("pings")
+    assert receiver.lines() == ["t.h2.goaway.resets:1|c", "t.h2.goaway.pings:1|c"]
 
 
 def test_reload_counters(receiver: Receiver) -> None:
@@ -290,14 +319,29 @@ def test_gauges(receiver: Receiver) -> None:
         "t.free.in_flight:0|g",
         "t.free.pods.healthy:1|g",
         f"t.free.pod.{a}.in_flight:0|g",
+        f"t.free.pod.{a}.peak_in_flight:0|g",
     ):
         assert expected in lines
     assert sorted(line for line in lines if ".api.pod." in line) == [
         f"t.api.pod.{a}.in_flight:2|g",
+        f"t.api.pod.{a}.peak_in_flight:2|g",
         f"t.api.pod.{b}.in_flight:0|g",
+        f"t.api.pod.{b}.peak_in_flight:0|g",
     ]
     assert not any(line.startswith("t.free.capacity") for line in lines), "unlimited: no capacity gauge"
     assert all(line.endswith("|g") for line in lines), "no counter without a failure"
+
+
+def test_the_peak_gauge_proves_the_limit_held_after_the_requests_are_gone(receiver: Receiver) -> None:
+    topo = topology(service(cc=2, pods=(POD_A,)))
+    sink = live(statsd(receiver), topo)
+    held = [grant(topo), grant(topo)]
+    for g in held:
+        topo.services["api"].release(g, time.monotonic())
+    sink.flush()
+    a = pod_id(POD_A)
+    lines = receiver.lines()
+    assert f"t.api.pod.{a}.in_flight:0|g" in lines and f"t.api.pod.{a}.peak_in_flight:2|g" in lines
 
 
 def test_queued_and_draining(receiver: Receiver) -> None:
@@ -445,8 +489,9 @@ def test_many_pods_are_split_into_datagrams_below_512_bytes(receiver: Receiver, 
     datagrams = receiver.datagrams()
     assert len(datagrams) > 1
     assert all(len(d.encode()) < MAX_DATAGRAM for d in datagrams)
-    pod_gauge = "t.pod.in_flight:" if tags else ".pod."
-    assert sum(1 for d in datagrams for line in d.split("\n") if pod_gauge in line) == 100
+    pod_gauge = "t.pod.in_flight:" if tags else ".in_flight:"
+    pod_lines = [line for d in datagrams for line in d.split("\n") if ".pod." in line and pod_gauge in line]
+    assert len(pod_lines) == 100
 
 
 @given(st.lists(st.integers(min_value=1, max_value=600), min_size=1, max_size=30))

@@ -22,11 +22,19 @@ import pytest
 from builders import svc
 from prometheus_client.parser import text_string_to_metric_families
 
-from activator.history import History
-from activator.logs import JournalFormatter, priority, setup_logging, stream_is_journal
+from activator.history import REFUSED_BEFORE_ROUTING, SERVICE_REASONS, History
+from activator.logs import (
+    NOTICE,
+    JournalFormatter,
+    LineFormatter,
+    log_level,
+    priority,
+    setup_logging,
+    stream_is_journal,
+)
 from activator.observe import RequestRecord
-from activator.page import CSV_COLUMNS, VISIBLE_PODS, render_page, status_csv, trouble_key
-from activator.prometheus import render
+from activator.page import CSV_COLUMNS, POD_TABLE, VISIBLE_PODS, render_page, status_csv, trouble_key
+from activator.prometheus import CONTENT_TYPE, render
 
 STATES = ("healthy", "pending", "draining", "removed")
 
@@ -94,13 +102,14 @@ def synthetic_history(name: str = "api", seconds: int = 120) -> dict[str, Any]:
 
 
 class Rows(HTMLParser):
-    """The pod rows of a page: (in a <details>?, data-pod, the row's cell texts)."""
+    """The pod rows of a page: (in a <details>?, data-pod, the row's cell texts by data-col)."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.rows: list[tuple[bool, str, list[str]]] = []
+        self.rows: list[tuple[bool, str, dict[str, str]]] = []
         self.details = 0
-        self.cells: list[str] | None = None
+        self.cells: dict[str, str] | None = None
+        self.col = ""
         self.pod = ""
         self.text = ""
         self.svgs = 0
@@ -111,9 +120,9 @@ class Rows(HTMLParser):
         if tag == "details":
             self.details += 1
         elif tag == "tr" and attributes.get("data-pod"):
-            self.cells, self.pod = [], str(attributes["data-pod"])
+            self.cells, self.pod = {}, str(attributes["data-pod"])
         elif tag == "td":
-            self.text = ""
+            self.text, self.col = "", str(attributes.get("data-col"))
         elif tag == "svg":
             self.svgs += 1
         elif tag == "polyline":
@@ -123,7 +132,7 @@ class Rows(HTMLParser):
         if tag == "details":
             self.details -= 1
         elif tag == "td" and self.cells is not None:
-            self.cells.append(self.text.strip())
+            self.cells[self.col] = self.text.strip()
         elif tag == "tr" and self.cells is not None:
             self.rows.append((self.details > 0, self.pod, self.cells))
             self.cells = None
@@ -161,10 +170,33 @@ def test_a_pod_row_has_its_figures() -> None:
     pod = status["services"]["api"]["pods"][1]
     rows = {address: cells for _, address, cells in parse(render_page(status)).rows}
     cells = rows[pod["address"]]
-    assert cells[0] == pod["address"] and cells[1] == pod["state"]
-    assert cells[2] == str(pod["in_flight"]) and cells[3] == str(pod["slots"]) and cells[4] == str(pod["requests"])
-    assert cells[6] == str(pod["failures_total"]) and cells[7] == str(pod["failures"])
-    assert cells[8] == "pass" and cells[9] == "2 ms" and cells[10] == "400 ms ago"
+    assert list(cells) == [col for _, _, col, _ in POD_TABLE], "every column, in order"
+    assert cells["pod"] == pod["address"] and cells["state"] == pod["state"]
+    assert cells["in_flight"] == str(pod["in_flight"]) and cells["slots"] == str(pod["slots"])
+    assert cells["requests"] == str(pod["requests"])
+    assert cells["failures_total"] == str(pod["failures_total"]) and cells["streak"] == str(pod["failures"])
+    assert cells["probe"] == "pass" and cells["probe_took"] == "2 ms" and cells["probe_when"] == "400 ms ago"
+
+
+def test_a_pod_row_shows_its_peaks_beside_in_flight_and_slots_and_how_it_answered() -> None:
+    status = synthetic_status(1)
+    (pod,) = status["services"]["api"]["pods"]
+    pod.update(
+        in_flight=1,
+        slots=2,
+        peak_in_flight=2,
+        peak_in_flight_window=1,
+        retries=3,
+        responses={"1xx": 0, "2xx": 40, "3xx": 1, "4xx": 2, "5xx": 5},
+        recent_pod_time_seconds={"count": 4, "sum": 1.0},
+        seconds_by_state={"pending": 95.0, "healthy": 10.0, "draining": 0.0, "removed": 0.0},
+    )
+    (cells,) = [cells for _, _, cells in parse(render_page(status)).rows]
+    assert (cells["in_flight"], cells["peak_window"], cells["peak"], cells["slots"]) == ("1", "1", "2", "2")
+    assert (cells["2xx"], cells["3xx"], cells["4xx"], cells["5xx"]) == ("40", "1", "2", "5")
+    assert cells["retries"] == "3" and cells["pod_time"] == "250 ms" and cells["pending_total"] == "95.0 s"
+    page = render_page(status)
+    assert "<th colspan='4'>in flight</th>" in page and "<th>max 15 min</th>" in page
 
 
 def test_the_page_draws_sparklines_with_points_and_marks_state_changes() -> None:
@@ -260,13 +292,75 @@ def test_metrics_render_the_status_with_service_and_pod_labels() -> None:
         assert value[("activator_pods", (("service", "api"), ("state", state)))] == count
     assert families["activator_requests"].type == "counter"
     assert families["activator_queue_wait_seconds"].type == "histogram"
-    assert all(name.startswith("activator_") for name in families)
+    assert all(name.startswith(("activator_", "process_", "python_")) for name in families)
 
 
 def test_an_unlimited_service_has_no_capacity_metric() -> None:
     status = synthetic_status(1)
     status["services"]["api"]["capacity"] = None
     assert "activator_capacity{" not in render(status).decode()
+
+
+def test_metrics_have_every_label_value_from_the_start_and_the_process_own_series() -> None:
+    status = synthetic_status(2)
+    status["refused"] = dict.fromkeys(sorted(REFUSED_BEFORE_ROUTING), 0) | {"bad-host": 4}
+    status["h2_goaway"] = {"resets": 3, "pings": 0}
+    pod = status["services"]["api"]["pods"][0]
+    pod.update(
+        state="healthy",
+        peak_in_flight=1,
+        peak_in_flight_window=1,
+        retries=2,
+        responses={"1xx": 0, "2xx": 7, "3xx": 0, "4xx": 0, "5xx": 1},
+        pod_time_seconds={"count": 8, "sum": 2.0},
+        seconds_by_state={"pending": 3.0, "healthy": 9.0, "draining": 0.0, "removed": 0.0},
+    )
+    text = render(status).decode()
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    value = {(s.name, tuple(sorted(s.labels.items()))): s.value for f in families.values() for s in f.samples}
+    for reason in SERVICE_REASONS:  # a rate over a reason that never happened has a series
+        assert value[("activator_rejected_total", (("reason", reason), ("service", "api")))] == 0
+    for reason in REFUSED_BEFORE_ROUTING:
+        assert ("activator_refused_total", (("reason", reason),)) in value
+    assert value[("activator_refused_total", (("reason", "bad-host"),))] == 4
+    assert value[("activator_h2_goaway_total", (("budget", "resets"),))] == 3
+    assert value[("activator_h2_goaway_total", (("budget", "pings"),))] == 0
+    for state in STATES:
+        assert ("activator_pod_transitions_total", (("service", "api"), ("state", state))) in value
+    labels = (("pod", pod["address"]), ("service", "api"))
+    assert [value[("activator_pod_state", (*labels, ("state", state)))] for state in STATES] == [
+        1.0 if state == "healthy" else 0.0 for state in STATES
+    ]
+    assert value[("activator_pod_peak_in_flight", labels)] == 1
+    assert value[("activator_pod_peak_in_flight_window", labels)] == 1
+    assert value[("activator_pod_retries_total", labels)] == 2
+    assert value[("activator_pod_responses_total", (("class", "2xx"), *labels))] == 7
+    assert value[("activator_pod_responses_total", (("class", "3xx"), *labels))] == 0
+    assert value[("activator_pod_response_duration_seconds_count", labels)] == 8
+    assert value[("activator_pod_response_duration_seconds_sum", labels)] == 2.0
+    assert value[("activator_pod_state_seconds_total", (*labels, ("state", "pending")))] == 3.0
+    assert families["activator_pod_response_duration_seconds"].type == "summary"
+    for name in ("process_cpu_seconds", "process_resident_memory_bytes", "process_open_fds", "python_info"):
+        assert name in families, f"{name}: prometheus_client's own collectors"
+    assert CONTENT_TYPE == "text/plain; version=0.0.4; charset=utf-8"
+
+
+def test_the_csv_has_the_pods_peaks_answers_and_time_in_each_state() -> None:
+    status = synthetic_status(1)
+    (pod,) = status["services"]["api"]["pods"]
+    pod.update(
+        peak_in_flight=1,
+        peak_in_flight_window=0,
+        retries=5,
+        responses={"1xx": 0, "2xx": 3, "3xx": 0, "4xx": 0, "5xx": 2},
+        pod_time_seconds={"count": 5, "sum": 1.5},
+        seconds_by_state={"pending": 4.0, "healthy": 8.0, "draining": 0.0, "removed": 0.0},
+    )
+    (row,) = csv.DictReader(io.StringIO(status_csv(status)))
+    assert (row["peak_in_flight"], row["peak_in_flight_window"], row["retries"]) == ("1", "0", "5")
+    assert (row["responses_2xx"], row["responses_5xx"]) == ("3", "2")
+    assert (row["pod_time_seconds_count"], row["pod_time_seconds_sum"]) == ("5", "1.5")
+    assert (row["seconds_pending"], row["seconds_healthy"]) == ("4.0", "8.0")
 
 
 # -- logs ------------------------------------------------------------------------------
@@ -293,13 +387,40 @@ def restore_logging() -> Iterator[None]:
 
 
 def test_syslog_priorities_of_the_levels() -> None:
-    assert [priority(level) for level in (50, 40, 30, 20, 10, 5)] == [3, 3, 4, 6, 7, 7]
+    assert [priority(level) for level in (50, 40, 30, 25, 20, 10, 5)] == [3, 3, 4, 5, 6, 7, 7]
+    assert NOTICE == 25 and logging.getLevelName(NOTICE) == "NOTICE"
 
 
-def test_every_line_of_a_record_gets_its_priority() -> None:
-    formatter = JournalFormatter("%(levelname)s %(message)s")
+def test_every_line_of_a_record_gets_its_priority_and_level() -> None:
+    formatter = JournalFormatter("%(message)s")
     record = logging.LogRecord("activator", logging.ERROR, __file__, 1, "first\nsecond", (), None)
-    assert formatter.format(record) == "<3>ERROR first\n<3>second"
+    assert formatter.format(record) == "<3>ERROR first\n<3>ERROR second"
+
+
+def test_every_line_of_a_record_gets_its_time_and_level() -> None:
+    record = logging.LogRecord("activator", logging.INFO, __file__, 1, "config reload applied:\nadd pod x", (), None)
+    lines = LineFormatter("%(message)s").format(record).split("\n")
+    stamp = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} INFO "
+    assert len(lines) == 2 and all(re.match(stamp, line) for line in lines), lines
+    assert lines[1].endswith(" INFO add pod x")
+
+
+@pytest.mark.parametrize(("value", "level"), [(None, "INFO"), ("debug", "DEBUG"), (" Notice ", "NOTICE")])
+def test_the_log_level_comes_from_the_environment(value: str | None, level: str) -> None:
+    assert log_level(value) == (level, None)
+
+
+def test_a_bad_log_level_is_a_warning_not_a_crash(restore_logging: None) -> None:
+    assert log_level("verbose")[0] == "INFO" and "verbose" in str(log_level("verbose")[1])
+    with tempfile.NamedTemporaryFile("w+") as f:
+        handler = setup_logging(f, {"ACTIVATOR_LOG_LEVEL": "verbose"})
+        logging.getLogger("activator.test").info("still logging")
+        handler.flush()
+        f.seek(0)
+        text = f.read()
+    assert logging.getLogger().level == logging.INFO
+    assert " WARNING ACTIVATOR_LOG_LEVEL='verbose' is not a level (DEBUG, INFO, NOTICE, WARNING, ERROR)" in text
+    assert " INFO still logging" in text and "Traceback" not in text
 
 
 def test_the_journal_is_recognised_by_the_device_and_inode_of_stderr(restore_logging: None) -> None:
@@ -339,8 +460,10 @@ def test_an_unexpected_error_in_a_greenlet_is_logged_once_with_its_traceback(res
         handler.flush()
         f.seek(0)
         text = f.read()
-    assert text.count(" ERROR ") == 1, text
-    assert "unexpected error in a greenlet:\nTraceback (most recent call last):" in text
+    lines = text.splitlines()
+    assert all(" ERROR " in line for line in lines), "every line of the one record says its level"
+    assert text.count(" ERROR unexpected error in a greenlet:") == 1, text
+    assert re.search(r"greenlet:\n\S+ \S+ ERROR Traceback \(most recent call last\):", text), text
     assert "RuntimeError: a bug" in text and "failed with RuntimeError" in text
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from activator import systemd
-from activator.systemd import Notifier, run_watchdog, watchdog_interval
+from activator.systemd import Notifier, StatusLine, run_watchdog, watchdog_interval
 
 ROOT = Path(__file__).resolve().parent.parent
 UNIT = ROOT / "systemd" / "activator.service"
@@ -200,6 +200,23 @@ def test_a_full_receiver_never_blocks(receiver: tuple[socket.socket, str]) -> No
         signal.signal(signal.SIGALRM, previous)
     assert results[0] is True
     assert results[-1] is False  # the queue is full: dropped, not waited for
+
+
+def test_the_status_line_is_sent_when_it_changes_at_most_once_an_interval(receiver: tuple[socket.socket, str]) -> None:
+    sock, path = receiver
+    line = StatusLine(Notifier(path), interval=1.0)
+    assert line.update("0/1 pods healthy", 10.0)
+    assert recv(sock) == "STATUS=0/1 pods healthy"
+    assert not line.update("0/1 pods healthy", 20.0), "the same line again: nothing sent"
+    assert not line.update("1/1 pods healthy", 10.5), "too soon after the last one"
+    assert_nothing_queued(sock)
+    assert line.update("1/1 pods healthy", 11.0), "offered again once the interval passed"
+    sock.setblocking(True)
+    assert recv(sock) == "STATUS=1/1 pods healthy"
+    assert line.sent("reload failed", 30.0) == "reload failed"  # sent along with READY=1
+    assert not line.update("reload failed", 40.0)
+    assert line.update("1/1 pods healthy", 40.0)
+    assert recv(sock) == "STATUS=1/1 pods healthy"
 
 
 def test_watchdog_interval_is_half_of_watchdog_usec() -> None:

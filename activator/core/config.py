@@ -1040,8 +1040,8 @@ def _changes(prefix: str, old: object, new: object) -> list[Change]:
         before, after = getattr(old, f.name), getattr(new, f.name)
         if before == after:
             continue
-        if f.metadata.get("hidden"):  # never in a log line
-            changes.append(Change(name, HIDDEN, HIDDEN))
+        if f.metadata.get("hidden"):  # never in a log line; only whether there is one
+            changes.append(Change(name, None if before is None else HIDDEN, None if after is None else HIDDEN))
             continue
         nested = is_dataclass(before) and type(before) is type(after) and not isinstance(before, Address)
         if nested:

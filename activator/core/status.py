@@ -7,7 +7,11 @@ oldest wait is the longest of them, a pod's failure streak is the longest of the
 last probe the most recent, its state is the one every worker sees or, when they
 differ, all of them joined with ``/`` (``healthy/pending``), and ``forward_to`` is a
 peer only when every worker forwards the service to that peer (a worker forwarding to
-a sibling is internal). Reload counts are summed (only one worker counts them). Pure.
+a sibling is internal). Reload counts and refusals are summed (only one worker counts
+reloads). A pod's peaks in flight are summed: each worker's peak is of its own
+requests, so the sum is an upper bound of the activator's (never below it, exact with
+one worker), which is what proves a limit held. Its time in each state is the longest
+of the workers' (each sees the pod itself).
 """
 
 from __future__ import annotations
@@ -18,8 +22,20 @@ from typing import Any
 #: Service fields summed over the workers (numbers, or nested dicts and lists of them).
 SUMMED_SERVICE_FIELDS = ("in_flight", "queued", "tunnels", "borrowed", "requests_per_second")
 NESTED_SERVICE_FIELDS = ("per_second", "totals", "latency_seconds", "queue_wait_seconds")
-#: Pod fields summed over the workers.
-SUMMED_POD_FIELDS = ("in_flight", "requests", "failures_total", "requests_per_second")
+#: Pod fields summed over the workers (numbers, or nested dicts of them).
+SUMMED_POD_FIELDS = (
+    "in_flight",
+    "requests",
+    "failures_total",
+    "requests_per_second",
+    "peak_in_flight",
+    "peak_in_flight_window",
+    "retries",
+    "transport_failures",
+    "responses",
+    "pod_time_seconds",
+    "recent_pod_time_seconds",
+)
 
 
 def add_into(into: Any, value: Any) -> Any:
@@ -45,10 +61,13 @@ def add_into(into: Any, value: Any) -> Any:
 def _merge_pod(seen: dict[str, Any], pod: dict[str, Any]) -> None:
     seen["states"].append(pod["state"])
     for key in SUMMED_POD_FIELDS:
-        seen[key] = add_into(seen.get(key, 0), pod.get(key, 0))
+        if key in pod:
+            seen[key] = add_into(seen[key], pod[key]) if key in seen else copy.deepcopy(pod[key])
     seen["failures"] = max(seen["failures"], pod["failures"])
     seen["slots"] = None if seen["slots"] is None or pod["slots"] is None else seen["slots"] + pod["slots"]
-    seen["transport_failures"] = add_into(seen.get("transport_failures", {}), pod.get("transport_failures", {}))
+    spent = seen.setdefault("seconds_by_state", {})
+    for state, seconds in pod.get("seconds_by_state", {}).items():
+        spent[state] = max(spent.get(state, 0.0), seconds)
     probe = pod.get("last_probe")
     if probe is not None:
         last = seen.get("last_probe")
@@ -78,11 +97,9 @@ def _merge_service(into: dict[str, Any] | None, service: dict[str, Any]) -> dict
     for pod in service["pods"]:
         seen = into["pods"].get(pod["address"])
         if seen is None:
-            seen = into["pods"][pod["address"]] = dict(
-                pod, states=[], in_flight=0, slots=0, requests=0, failures_total=0, transport_failures={}
-            )
-            seen["requests_per_second"] = 0.0
-            seen["last_probe"] = None
+            seen = {key: value for key, value in pod.items() if key not in SUMMED_POD_FIELDS}
+            seen.update(states=[], slots=0, last_probe=None, seconds_by_state={})
+            into["pods"][pod["address"]] = seen
         _merge_pod(seen, pod)
     return into
 
@@ -97,6 +114,14 @@ def merge_worker_statuses(statuses: list[dict[str, Any]]) -> dict[str, Any]:
     for status in statuses:
         reloads = add_into(reloads, status.get("reloads", {}))
     merged["reloads"] = {"ok": 0, "failed": 0, **reloads}
+    refused: dict[str, Any] = {}
+    for status in statuses:
+        refused = add_into(refused, status.get("refused", {}))
+    merged["refused"] = refused
+    goaways: dict[str, Any] = {}
+    for status in statuses:
+        goaways = add_into(goaways, status.get("h2_goaway", {}))
+    merged["h2_goaway"] = goaways
     services: dict[str, Any] = {}
     for status in statuses:
         for name, service in status["services"].items():

@@ -105,6 +105,10 @@ class PodTracker:
         "failure_counts",
         "failures_total",
         "last_probe",
+        "peak_in_flight",
+        "recent_peak",
+        "retries",
+        "state_seconds",
     )
 
     def __init__(self, address: str, rank: int, now: float) -> None:
@@ -127,6 +131,24 @@ class PodTracker:
         self.failures_total = 0  # transport failures on real traffic, ever (every kind)
         # The last probe reported: (result text, its duration in seconds or None, when).
         self.last_probe: tuple[str, float | None, float] | None = None
+        # Invariant: in_flight <= recent_peak <= peak_in_flight. The highest in_flight
+        # ever (the proof that the limit held), and since the last ``take_recent_peak``.
+        self.peak_in_flight = 0
+        self.recent_peak = 0
+        self.retries = 0  # requests whose connection to this pod failed, retried elsewhere
+        self.state_seconds: dict[PodState, float] = {}  # time spent in each state left so far
+
+    def take_recent_peak(self) -> int:
+        """The highest in_flight since the last call (the history's per-second peak),
+        which starts over from the current count. Does not yield."""
+        peak, self.recent_peak = self.recent_peak, self.in_flight
+        return peak
+
+    def seconds_by_state(self, now: float) -> dict[str, float]:
+        """Time spent in each state since the tracker exists, the current one included."""
+        spent = {state.value: round(self.state_seconds.get(state, 0.0), 3) for state in PodState}
+        spent[self.state.value] = round(self.state_seconds.get(self.state, 0.0) + now - self.since, 3)
+        return spent
 
     @property
     def wanted(self) -> bool:
@@ -138,6 +160,14 @@ class PodTracker:
         if self.state is not HEALTHY:
             return False
         return self.slots is None or self.in_flight < self.slots
+
+
+def _note_peak(pod: PodTracker) -> None:
+    """After ``pod.in_flight`` grew: keep its peaks (see ``PodTracker``). Does not yield."""
+    if pod.in_flight > pod.recent_peak:
+        pod.recent_peak = pod.in_flight
+        if pod.in_flight > pod.peak_in_flight:
+            pod.peak_in_flight = pod.in_flight
 
 
 class Grant:
@@ -292,6 +322,7 @@ class ServiceThrottler:
         if failed.released:
             raise InvariantViolation(f"retry of a grant on {failed.pod.address} given back already")
         excluded = failed.pod
+        excluded.retries += 1
         was_available = excluded in self.policy
         if was_available:
             self.policy.discard(excluded)
@@ -320,6 +351,7 @@ class ServiceThrottler:
             tracker.listed = False
             tracker.state = REMOVED
         tracker.in_flight += 1
+        _note_peak(tracker)
         self.in_flight += 1
         self._refresh(tracker)
         grant = Grant(tracker)
@@ -364,6 +396,7 @@ class ServiceThrottler:
         if failed.released:
             raise InvariantViolation(f"retry of a grant on {failed.pod.address} given back already")
         excluded = failed.pod
+        excluded.retries += 1
         was_available = excluded in self.policy
         if was_available:
             self.policy.discard(excluded)
@@ -524,10 +557,13 @@ class ServiceThrottler:
                     "in_flight": tracker.in_flight,
                     "slots": tracker.slots,
                     "failures": tracker.failures,
+                    "peak_in_flight": tracker.peak_in_flight,
+                    "retries": tracker.retries,
                     "listed": tracker.listed,
                     "drain": tracker.drain,
                     "requests": tracker.requests,
                     "seconds_in_state": round(now - tracker.since, 3),
+                    "seconds_by_state": tracker.seconds_by_state(now),
                     "failures_total": tracker.failures_total,
                     "last_probe": _last_probe(tracker.last_probe, now),
                     "transport_failures": {
@@ -581,6 +617,8 @@ class ServiceThrottler:
             self._fail(f"tracker keyed {address} is {t.address}")
         if t.in_flight < 0:
             self._fail(f"{address} in_flight {t.in_flight} < 0")
+        if not t.in_flight <= t.recent_peak <= t.peak_in_flight:
+            self._fail(f"{address} in_flight {t.in_flight}, recent peak {t.recent_peak}, peak {t.peak_in_flight}")
         if (t in self.policy) != t.can_take():
             self._fail(f"{address} availability {t in self.policy} but can_take {t.can_take()}")
         if t.state in (PENDING, HEALTHY) and not t.wanted:
@@ -614,6 +652,7 @@ class ServiceThrottler:
         if not pod.can_take():
             raise InvariantViolation(f"grant on {pod.address} ({pod.state.value}, {pod.in_flight}/{pod.slots})")
         pod.in_flight += 1
+        _note_peak(pod)
         if request:
             pod.requests += 1
         self.in_flight += 1
@@ -745,6 +784,7 @@ class ServiceThrottler:
         old = tracker.state
         new = next_state(old, event)
         if new is not old:
+            tracker.state_seconds[old] = tracker.state_seconds.get(old, 0.0) + now - tracker.since
             tracker.state = new
             tracker.since = now
             self._capacity_stale = True

@@ -931,9 +931,17 @@ TOP_DIFFS: list[tuple[str, dict[str, Any], dict[str, Any], tuple[Change, ...], t
                 {"vm-a": Address("10.0.0.1", 8080)},
                 {"vm-a": Address("10.0.0.1", 8080), "vm-b": Address("10.0.0.2", 8080)},
             ),
-            Change("activators.secret", "(hidden)", "(hidden)"),  # never shown
+            Change("activators.secret", None, "(hidden)"),  # never shown: only that there is one now
         ),
         "activators.peers {vm-a: 10.0.0.1:8080} -> {vm-a: 10.0.0.1:8080, vm-b: 10.0.0.2:8080}",
+    ),
+    (
+        "activators-secret-removed",
+        {"activators": {"self": "vm-a", "peers": {"vm-a": "10.0.0.1:8080"}, "secret": SECRET}},
+        {"activators": {"self": "vm-a", "peers": {"vm-a": "10.0.0.1:8080"}}},
+        (),
+        (Change("activators.secret", "(hidden)", None),),
+        "activators.secret (hidden) -> null",
     ),
     (
         "activators-self",

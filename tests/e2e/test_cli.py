@@ -7,12 +7,25 @@ set, else ``python -m activator``). Exit codes per SPEC.md: 0 clean, 1 runtime f
 
 from __future__ import annotations
 
+import random
 import re
+import socket
 import textwrap
 from pathlib import Path
 
 import pytest
-from harness import LOCALHOST, free_ports, make_config, pod_entry, request, run_cli, start_request
+from harness import (
+    LOCALHOST,
+    Process,
+    activator_command,
+    free_ports,
+    make_config,
+    pod_entry,
+    request,
+    run_cli,
+    start_request,
+    wait_until,
+)
 
 from activator import __version__
 
@@ -239,3 +252,95 @@ def test_run_with_an_invalid_file_exits_2(tmp_path):
 def test_usage_error_exits_2():
     result = run_cli(["no-such-command"])
     assert result.returncode == 2
+
+
+def test_status_with_a_broken_file_says_so_instead_of_asking_the_default_address(tmp_path):
+    broken = write(tmp_path / "broken.yaml", "admin: 127.0.0.1:99999\nservices: {}\n")
+    result = run_cli(["status", "-c", str(broken)], timeout=30)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert re.search(r"broken\.yaml:1: admin: ", result.stderr), result.stderr
+    assert "127.0.0.1:9090" not in result.stderr and "refused" not in result.stderr
+    missing = run_cli(["status", "-c", str(tmp_path / "missing.yaml")], timeout=30)
+    assert missing.returncode == 2 and "missing.yaml" in missing.stderr, missing.stderr
+    from_env = run_cli(["status"], env={"ACTIVATOR_CONFIG": str(broken)}, timeout=30)
+    assert from_env.returncode == 2 and "broken.yaml:1: admin: " in from_env.stderr, from_env.stderr
+
+
+def test_status_with_the_admin_api_off_says_so(tmp_path):
+    off = write(tmp_path / "off.yaml", "admin: null\nservices: {}\n")
+    result = run_cli(["status", "-c", str(off)], timeout=30)
+    assert result.returncode == 2
+    assert "off.yaml: admin: the admin API is off (admin: null); give its address with --admin" in result.stderr
+
+
+def test_status_reads_the_admin_address_of_the_file(pod_factory, activator_factory):
+    (pod,) = pod_factory(1)
+    act = activator_factory(make_config([pod]))
+    result = run_cli(["status", "-c", str(act.config_path)], timeout=30)
+    assert result.returncode == 0, result.stderr
+    assert pod.address in result.stdout
+
+
+def consecutive_free_ports(n: int, avoid: list[int]) -> int:
+    """The first of ``n`` consecutive ports free a moment ago (none of ``avoid``), below
+    the kernel's range of ephemeral ports (where neighbours are often taken)."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    rng = random.Random()
+    for _ in range(200):
+        first = rng.randrange(10000, low - n)
+        ports = range(first, first + n)
+        if set(ports) & set(avoid):
+            continue
+        socks = []
+        try:
+            for port in ports:
+                sock = socket.socket()
+                socks.append(sock)
+                sock.bind((LOCALHOST, port))
+            return first
+        except OSError:
+            continue
+        finally:
+            for sock in socks:
+                sock.close()
+    raise AssertionError(f"no {n} consecutive free ports")
+
+
+def test_the_demo_moves_its_ports_without_editing_its_file(tmp_path):
+    listen, admin = free_ports(2)
+    first_pod = consecutive_free_ports(3, [listen, admin])
+    before = (Path(__file__).resolve().parents[2] / "config" / "demo.yaml").read_text()
+    demo = Process(
+        [
+            *activator_command(),
+            "demo",
+            "--delay",
+            "0.01",
+            "--listen",
+            f"{LOCALHOST}:{listen}",
+            "--admin",
+            f"{LOCALHOST}:{admin}",
+            "--pods",
+            str(first_pod),
+        ],
+        stdout_path=tmp_path / "demo.out",
+        stderr_path=tmp_path / "demo.err",
+        name="demo",
+    )
+    try:
+
+        def served() -> bool:
+            demo.check_running("the demo serving")
+            try:
+                return request(f"{LOCALHOST}:{listen}", path="/", timeout=5).status == 200
+            except OSError:
+                return False
+
+        wait_until(served, message="the demo on its new ports")
+        status = request(f"{LOCALHOST}:{admin}", path="/status").json()
+        pods = [pod["address"] for pod in status["services"]["demo"]["pods"]]
+        assert pods == [f"{LOCALHOST}:{first_pod + i}" for i in range(3)]
+        assert f"http://{LOCALHOST}:{listen}/" in demo.stdout_text()
+    finally:
+        demo.kill()
+    assert (Path(__file__).resolve().parents[2] / "config" / "demo.yaml").read_text() == before

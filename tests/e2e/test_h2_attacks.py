@@ -13,8 +13,9 @@ for each abuse:
   attacker only stops once they all were): a hostile connection neither holds the
   process nor the queue;
 - the attacker's connections end with GOAWAY ``ENHANCE_YOUR_CALM`` (or, for a client
-  that reads nothing, are closed), and the process says once per connection which
-  budget it went past, naming the client;
+  that reads nothing, are closed), the process says once per connection which budget it
+  went past, naming the client, and ``/status`` counts it by budget (as ``/metrics`` and
+  StatsD do);
 - no pod ever ran more than its ``container_concurrency``, and every count is back to
   zero afterwards.
 
@@ -211,6 +212,9 @@ def test_a_flooding_connection_is_closed_and_the_others_are_served_meanwhile(
     assert {name for _, name in lines} <= {budget, "pending_acks"}, lines
     if send is not ping_flood:  # a client that reads nothing cannot see its GOAWAY
         assert attacker.closed_for_budget(), attacker.ends
+    counted = act.status()["h2_goaway"]
+    assert counted[budget] + counted["pending_acks"] >= 1, counted
+    assert set(counted) >= {"resets", "pings", "settings", "empty_frames", "window_updates"}  # every budget, 0 or not
     settle(act, pod)
 
 

@@ -65,6 +65,9 @@ def test_counters_timers_gauges_and_reloads(
     assert rx.gauge("t.api.pods.pending") == 0
     assert rx.gauge("t.api.pods.draining") == 0
     assert rx.gauge("t.api.queued") == 0
+    # The proof that cc held, after the requests are gone: the pod's peak, never above 1.
+    rx.wait_for(lambda _: rx.gauge(f"t.api.pod.{pod.metric_name}.peak_in_flight") == 1)
+    assert max(rx.values(f"t.api.pod.{pod.metric_name}.peak_in_flight", "g")) == 1
     assert not [name for name in rx.names() if name.endswith((".connect_errors", ".timeouts"))]
     assert not [name for name in rx.names() if name.startswith("t.-")], "unrouted requests are not counted"
 

@@ -52,7 +52,7 @@ pytestmark = pytest.mark.binary
 SLOW = "/delay?ms=250"
 CLIENTS = 5
 OUTPUT = REPO_ROOT / "test-output"
-LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (DEBUG|INFO|WARNING|ERROR|CRITICAL) ")
+LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (DEBUG|INFO|NOTICE|WARNING|ERROR|CRITICAL) ")
 
 
 class Load:
@@ -157,9 +157,10 @@ class PageDom(HTMLParser):
         super().__init__()
         self.svgs = 0
         self.polylines: list[dict[str, str | None]] = []
-        self.rows: dict[str, list[str]] = {}
+        self.rows: dict[str, dict[str, str]] = {}  # pod -> its cells by data-col
         self.summary = ""
         self._row: str | None = None
+        self._col = ""
         self._cell: str | None = None
         self._in_summary = False
 
@@ -171,15 +172,15 @@ class PageDom(HTMLParser):
             self.polylines.append(a)
         elif tag == "tr" and a.get("data-pod"):
             self._row = str(a["data-pod"])
-            self.rows[self._row] = []
+            self.rows[self._row] = {}
         elif tag == "td" and self._row is not None:
-            self._cell = ""
+            self._cell, self._col = "", str(a.get("data-col"))
         elif tag == "p" and a.get("class") == "summary":
             self._in_summary = True
 
     def handle_endtag(self, tag: str) -> None:
         if tag == "td" and self._row is not None and self._cell is not None:
-            self.rows[self._row].append(self._cell.strip())
+            self.rows[self._row][self._col] = self._cell.strip()
             self._cell = None
         elif tag == "tr":
             self._row = None
@@ -233,11 +234,14 @@ def test_the_page_in_a_real_browser_draws_the_history_and_the_pods(setup: Setup,
     drawn = [p for p in dom.polylines if p.get("data-series") == "requests"]
     assert sum(int(p.get("data-points") or 0) for p in drawn) >= 3
     assert all(len((p.get("points") or "").split()) == int(p.get("data-points") or 0) for p in drawn)
-    # What cannot move during the test: the pod, its state, its slots; the service's limits.
+    # What cannot move during the test: the pod, its state, its slots, its peaks (cc 1,
+    # busy all along); the service's limits.
     (pod,) = service["pods"]
     cells = dom.rows[pod["address"]]
-    assert cells[0] == pod["address"] and cells[1] == "healthy" and cells[3] == str(pod["slots"]) == "1"
-    assert cells[8] == "pass", "the last probe passed"
+    assert cells["pod"] == pod["address"] and cells["state"] == "healthy" and cells["slots"] == str(pod["slots"]) == "1"
+    assert cells["peak"] == cells["peak_window"] == "1", "HAProxy's Cur / Max / Limit: the limit held"
+    assert cells["probe"] == "pass", "the last probe passed"
+    assert int(cells["2xx"]) > 0 and cells["5xx"] == "0"
     assert f"cc {service['container_concurrency']}" in dom.summary
     assert f"/{service['queue_depth']}" in dom.summary and "capacity 1" in dom.summary
     assert "oldest wait" in dom.summary and "req/s" in dom.summary
@@ -246,6 +250,15 @@ def test_the_page_in_a_real_browser_draws_the_history_and_the_pods(setup: Setup,
     shot.unlink(missing_ok=True)
     taken = chromium(f"--screenshot={shot}", "--window-size=1280,2000", act.admin_url("/"))
     assert taken.returncode == 0 and shot.exists() and shot.stat().st_size > 10_000, taken.stderr[-2000:]
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="chromium is not installed (apt-get install chromium)")
+def test_the_page_of_an_empty_configuration_says_so(activator_factory: Callable[..., Activator]) -> None:
+    act = activator_factory({"services": {}})
+    dumped = chromium("--dump-dom", act.admin_url("/"))
+    assert dumped.returncode == 0, dumped.stderr[-2000:]
+    text = " ".join(re.sub(r"<[^>]+>", " ", dumped.stdout).split())
+    assert f"no services: {act.config_path} configures none ( services: {{}} )" in text, text[-1500:]
 
 
 # --------------------------------------------------------------------------------------
@@ -276,8 +289,15 @@ def test_status_csv_parses_and_matches_status(setup: Setup) -> None:
         ("requests", pod["requests"]),
         ("failures", pod["failures"]),
         ("failures_total", pod["failures_total"]),
+        ("peak_in_flight", 1),
+        ("peak_in_flight_window", pod["peak_in_flight_window"]),
+        ("retries", 0),
+        ("responses_2xx", pod["responses"]["2xx"]),
+        ("responses_5xx", 0),
+        ("pod_time_seconds_count", pod["pod_time_seconds"]["count"]),
     ):
         assert row[column] == str(value), column
+    assert float(row["seconds_healthy"]) > 0 and row["seconds_draining"] == "0.0"
     assert row["lb_policy"] == service["lb_policy"] and row["hosts"] == "*"
     assert row["last_probe_result"] == "pass"
 
@@ -325,7 +345,23 @@ def test_metrics_parse_and_match_status(setup: Setup) -> None:
     assert values[("activator_request_duration_seconds_count", s)] == totals["requests"]
     assert values[("activator_config_reloads_total", (("result", "ok"),))] == after["reloads"]["ok"]
     assert values[("activator_ready", ())] == 1
-    assert all(name.startswith("activator_") for name, _ in values)
+    # The proof that the limit held, and how the pod did.
+    assert values[("activator_pod_peak_in_flight", on_pod)] == pod["peak_in_flight"] == 1
+    assert values[("activator_pod_peak_in_flight_window", on_pod)] == pod["peak_in_flight_window"]
+    assert values[("activator_pod_responses_total", (("class", "2xx"), *on_pod))] == pod["responses"]["2xx"] > 0
+    assert values[("activator_pod_responses_total", (("class", "5xx"), *on_pod))] == 0
+    assert values[("activator_pod_retries_total", on_pod)] == 0
+    assert values[("activator_pod_response_duration_seconds_count", on_pod)] == pod["pod_time_seconds"]["count"]
+    assert values[("activator_pod_response_duration_seconds_sum", on_pod)] == pytest.approx(
+        pod["pod_time_seconds"]["sum"]
+    )
+    assert values[("activator_pod_state_seconds_total", (*on_pod, ("state", "healthy")))] > 0
+    for state in ("pending", "draining", "removed"):
+        assert values[("activator_pod_state", (*on_pod, ("state", state)))] == 0, "every state has a series"
+    for reason in ("queue-full", "queue-timeout", "upstream-connect", "upstream-timeout"):
+        assert ("activator_rejected_total", (("reason", reason), ("service", "api"))) in values, reason
+    assert values[("process_cpu_seconds_total", ())] > 0 and values[("process_start_time_seconds", ())] > 0
+    assert all(name.startswith(("activator_", "process_", "python_")) for name, _ in values)
 
 
 # --------------------------------------------------------------------------------------
@@ -345,6 +381,9 @@ def test_status_command_prints_rates_and_the_oldest_wait(setup: Setup, loaded: L
     oldest = re.search(r"oldest_wait=(\d+ms|[\d.]+s)", out)
     assert oldest, out
     assert setup.pod.address in out and "REQ/S" in out and "FAIL_TOTAL" in out
+    header = next(line for line in out.splitlines() if "IN_FLIGHT" in line).split()
+    row = next(line for line in out.splitlines() if line.strip().startswith(setup.pod.address)).split()
+    assert row[header.index("MAX")] == row[header.index("SLOTS")] == "1", "the limit held, and shows it"
 
 
 def test_status_watch_refreshes_until_interrupted(setup: Setup, tmp_path: Path) -> None:
@@ -509,7 +548,8 @@ def test_under_systemd_every_log_line_has_its_syslog_priority(
     act.wait_for(lambda st: st["reloads"]["failed"] >= 1, message="a failed reload")
     wait_until(lambda: error_lines(act), message="the error logged")
     lines = act.stderr_text().splitlines()
-    assert lines and all(re.match(r"<[3467]>(DEBUG|INFO|WARNING|ERROR) ", line) for line in lines), lines
+    assert lines and all(re.match(r"<[34567]>(DEBUG|INFO|NOTICE|WARNING|ERROR) ", line) for line in lines), lines
+    assert any(line.startswith("<5>NOTICE service api: pod ") and "-> healthy" in line for line in lines), lines
     assert any(line.startswith("<6>INFO activator ") and "listening on" in line for line in lines), lines
     (error,) = [line for line in lines if line.startswith("<3>")]
     assert "<3>ERROR config reload (file changed) failed" in error and "bogus_key" in error
