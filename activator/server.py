@@ -328,9 +328,14 @@ class Runtime:
         self.writer.post(ConfigChanged(new, diff), applied)
         applied.wait()
         changes = [] if diff.is_empty() else diff.describe().splitlines()
-        if new.tls is not None and identity is not None and identity != self._tls_identity:
+        renew = identity != self._tls_identity  # a new certificate, or TLS turned on or off
+        if new.tls is not None and identity is not None and renew:
             changes.append(f"tls: certificate {new.tls.cert} reloaded (sha256 {identity[0]})")
         self._tls_identity = identity
+        if renew and self.server is not None:
+            # The connections made before end gracefully (HTTP/2: GOAWAY; HTTP/1.x: after
+            # the answer in progress), so that their clients come back to the new listener.
+            self.server.renew_connections()
         if not changes:
             log.info("config reload (%s): no change", reason)
         else:

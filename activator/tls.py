@@ -11,7 +11,9 @@ What this module decides:
   running context (and the whole running configuration) is kept, as for a bad YAML file.
 - The files are read again on every reload (SIGHUP, a change of the YAML file, or a
   change of either file), so a renewed certificate is picked up without a restart;
-  connections already open keep the context they were made with.
+  connections already open end gracefully (HTTP/2: GOAWAY; HTTP/1.x: after the answer
+  in progress; ``engine.HttpServer.renew_connections``), so that their clients come back
+  to the new certificate.
 """
 
 from __future__ import annotations

@@ -357,7 +357,7 @@ def test_plain_http_on_the_tls_port_gets_a_400_and_a_clean_close(
 
 
 @pytest.mark.parametrize("how", ["sighup", "files-watched"])
-def test_new_pair_serves_new_handshakes_and_old_connections_keep_working(
+def test_new_pair_serves_new_handshakes_and_old_connections_are_renewed_gracefully(
     pod_factory: PodFactory,
     activator_factory: ActivatorFactory,
     authority: Authority,
@@ -368,10 +368,13 @@ def test_new_pair_serves_new_handshakes_and_old_connections_keep_working(
     cert, key, old_serial = pair
     act = activator_factory(tls_config([pod], cert, key))
     before = https(act, authority)
+    busy = https(act, authority)
     try:
         echo(before)
         old_sock = before.sock
         assert isinstance(old_sock, ssl.SSLSocket) and serial_of(old_sock) == old_serial
+        busy.request("GET", "/hold?key=during", headers={"Host": HOSTNAME})
+        wait_until(lambda: pod.held() == ["during"], message="a request in progress at the reload")
 
         new_serial = authority.issue(cert, key, common_name=f"{HOSTNAME} renewed")
         assert new_serial != old_serial
@@ -382,11 +385,17 @@ def test_new_pair_serves_new_handshakes_and_old_connections_keep_working(
             message=f"new handshakes to get the new certificate ({how})",
         )
 
-        # The connection made before the reload goes on, on the pair it was made with.
-        assert echo(before)["headers"]["x-forwarded-proto"] == "https"
-        assert before.sock is old_sock and serial_of(old_sock) == old_serial
+        # The connections made before end gracefully, so that their clients come back to
+        # the new certificate: an idle one is closed, one in progress finishes its answer.
+        old_sock.settimeout(DEFAULT_TIMEOUT)
+        assert old_sock.recv(1) == b"", "the idle connection was not closed"
+        assert pod.release("during") == 1
+        answer = busy.getresponse()
+        assert (answer.status, answer.getheader("Connection")) == (200, "close")
+        answer.read()
     finally:
         before.close()
+        busy.close()
     act.wait_for(lambda st: st["config"]["last_error"] is None, message="the reload took")
     settle(act, pod)
 
