@@ -95,6 +95,8 @@ def _wait(
             act(throttler.release(grant, time.monotonic()))
         raise ClientGone("the client hung up while its request was queued")
     if grant is None:
+        if waiter.refusal is not None:
+            raise waiter.refusal
         raise Redirected() if waiter.redirected else QueueTimeout()
     return grant
 

@@ -147,7 +147,6 @@ NOT_IMPLEMENTED_YET = (
     "services.*.fair_by",
     "services.*.tenant_queue_share",
     "services.*.load",
-    "services.*.launch",
 )
 #: Maps whose keys are the operator's names, not keys of the format.
 NAMED = ("services", "activators.peers")

@@ -59,6 +59,31 @@ class ProbeConfig:
 
 
 @dataclass(frozen=True)
+class LaunchConfig:
+    """How activator starts and stops a service's listed pods (``launch:``).
+
+    Exactly one of ``command`` (argv, ``{host}`` and ``{port}`` filled in per pod, run as
+    a child) and ``systemd_unit`` (a unit name template, ``systemctl start/stop``).
+    """
+
+    command: tuple[str, ...] | None = None
+    systemd_unit: str | None = None
+    min: int = 0  # pods kept running (0: scale to zero)
+    max: int | None = None  # at most this many run; None: every listed pod
+    target_concurrency: float = 1.0  # desired pods = ceil(observed concurrency / target)
+    stable_window: float = 60.0
+    panic_window: float = 6.0  # unset: a tenth of stable_window
+    scale_to_zero_after: float = 600.0
+    cold_start_timeout: float = 300.0
+    stop_pods_on_exit: bool = False
+
+
+def fill_launch_template(template: str, host: str, port: int) -> str:
+    """A launcher's command argument or unit name for one pod (``{host}``, ``{port}``)."""
+    return template.format(host=host, port=port)
+
+
+@dataclass(frozen=True)
 class PodConfig:
     address: str  # canonical "host:port" (IPv6 as "[::1]:8000"); the tracker key
     host: str
@@ -88,6 +113,8 @@ class ServiceConfig:
     client_gone: str = "finish"
     probe: ProbeConfig | None = None
     pods: tuple[PodConfig, ...] = ()
+    #: None: the pods are started by someone else.
+    launch: LaunchConfig | None = None
 
 
 @dataclass(frozen=True)
@@ -207,7 +234,24 @@ _SERVICE_KEYS = (
     "client_gone",
     "probe",
     "pods",
+    "launch",
 )
+_LAUNCH_KEYS = (
+    "command",
+    "systemd_unit",
+    "min",
+    "max",
+    "target_concurrency",
+    "stable_window",
+    "panic_window",
+    "scale_to_zero_after",
+    "cold_start_timeout",
+    "stop_pods_on_exit",
+)
+#: The placeholders a launcher's command or unit template may use.
+LAUNCH_PLACEHOLDERS = ("host", "port")
+# A systemd unit name: its allowed characters, ending in .service.
+_UNIT_NAME = re.compile(r"[A-Za-z0-9:_.@{}\\-]+\.service")
 _TLS_KEYS = ("cert", "key")
 PROTOCOLS = ("http1", "h2c")
 _PROBE_KEYS = ("path", "interval", "timeout", "healthy_after", "unhealthy_after")
@@ -482,18 +526,26 @@ class _Parser:
                 "cannot be combined with several activators yet (peers talk plain HTTP on the proxy port): "
                 "terminate TLS in front of the activators",
             )
+        workers = top.integer("workers", default.workers, minimum=1, maximum=MAX_WORKERS)
+        services = self.services(top.get("services"))
+        launched = next((name for name, service in services.items() if service.launch is not None), None)
+        if workers > 1 and launched is not None:
+            raise self.fail(
+                ("services", launched, "launch"),
+                f"needs workers: 1 for now (got workers: {workers}): one process must decide the launches",
+            )
         return Config(
             path=self.filename,
             listen=listen,
             admin=admin,
-            workers=top.integer("workers", default.workers, minimum=1, maximum=MAX_WORKERS),
+            workers=workers,
             grace_period=top.duration("grace_period", default.grace_period),
             access_log=top.boolean("access_log", default.access_log),
             limits=self.limits(top.get("limits")) if top.has("limits") else default.limits,
             statsd=top.optional("statsd", self.statsd),
             tls=tls,
             activators=activators,
-            services=self.services(top.get("services")),
+            services=services,
         )
 
     def limits(self, value: object) -> LimitsConfig:
@@ -653,6 +705,13 @@ class _Parser:
                     f"must be one of {', '.join(LB_POLICIES)}, got {_describe_value(lb_value)}",
                 )
             lb_policy = lb_value
+        pods = self.pods(m.get("pods"), m.path("pods"))
+        launch = m.optional("launch", lambda v, p: self.launch(v, p, pods))
+        if launch is not None and m.get("probe") is None:
+            raise self.fail(
+                m.path("launch"),
+                "needs a probe: a started pod takes requests once its probe passes (probe: {path: ...})",
+            )
         return ServiceConfig(
             name=name,
             hosts=self.hosts(m.required("hosts"), m.path("hosts")),
@@ -668,8 +727,87 @@ class _Parser:
             protocol=self.protocol(m),
             client_gone=self.choice(m, "client_gone", CLIENT_GONE, d.client_gone),
             probe=m.optional("probe", self.probe),
-            pods=self.pods(m.get("pods"), m.path("pods")),
+            pods=pods,
+            launch=launch,
         )
+
+    def launch(self, value: object, path: KeyPath, pods: tuple[PodConfig, ...]) -> LaunchConfig:
+        m = self.section(value, path, _LAUNCH_KEYS)
+        d = LaunchConfig()
+        if m.has("command") == m.has("systemd_unit"):
+            raise self.fail(path, "give command or systemd_unit (exactly one): how a pod is started")
+        command = systemd_unit = None
+        if m.has("command"):
+            command = self.command(m.get("command"), m.path("command"))
+        else:
+            systemd_unit = self.unit_template(m.get("systemd_unit"), m.path("systemd_unit"))
+        listed = sum(1 for pod in pods if not pod.drain)
+        minimum = m.integer("min", d.min, minimum=0)
+        maximum = m.optional("max", lambda v, p: self.integer(v, p, 1))
+        if minimum > listed:
+            raise self.fail(m.path("min"), f"must be at most the {listed} listed pods (without drain), got {minimum}")
+        if maximum is not None and maximum < minimum:
+            raise self.fail(m.path("max"), f"must be at least min ({minimum}), got {maximum}")
+        target = d.target_concurrency
+        if m.has("target_concurrency"):
+            value = m.get("target_concurrency")
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+                raise self.fail(m.path("target_concurrency"), f"must be a number above 0, got {_describe_value(value)}")
+            target = float(value)
+        stable = m.duration("stable_window", d.stable_window, positive=True)
+        # Knative's default: the panic window is a tenth of the stable window.
+        panic = m.duration("panic_window", stable * d.panic_window / d.stable_window, positive=True)
+        if panic > stable:
+            raise self.fail(
+                m.path("panic_window"),
+                f"must not be longer than stable_window ({format_duration(stable)}), got {format_duration(panic)}",
+            )
+        return LaunchConfig(
+            command=command,
+            systemd_unit=systemd_unit,
+            min=minimum,
+            max=maximum,
+            target_concurrency=target,
+            stable_window=stable,
+            panic_window=panic,
+            scale_to_zero_after=m.duration("scale_to_zero_after", d.scale_to_zero_after),
+            cold_start_timeout=m.duration("cold_start_timeout", d.cold_start_timeout, positive=True),
+            stop_pods_on_exit=m.boolean("stop_pods_on_exit", d.stop_pods_on_exit),
+        )
+
+    def command(self, value: object, path: KeyPath) -> tuple[str, ...]:
+        """An argv: a non-empty list of strings, placeholders ``{host}`` and ``{port}`` only."""
+        if not isinstance(value, list) or not value:
+            raise self.fail(path, f"must be a non-empty list of strings (an argv), got {_describe_value(value)}")
+        argv = []
+        for index, item in enumerate(value):
+            if not isinstance(item, (str, int)) or isinstance(item, bool):
+                raise self.fail((*path, index), f"must be a string, got {_describe_value(item)}")
+            argv.append(self.template(str(item), (*path, index)))
+        if not argv[0]:
+            raise self.fail((*path, 0), "must name the program to run")
+        return tuple(argv)
+
+    def unit_template(self, value: object, path: KeyPath) -> str:
+        """A unit name template like ``model@{port}.service``: one unit per pod."""
+        if not isinstance(value, str) or not _UNIT_NAME.fullmatch(value):
+            raise self.fail(
+                path,
+                f"must be a unit name ending in .service, like model@{{port}}.service, got {_describe_value(value)}",
+            )
+        if "{port}" not in value and "{host}" not in value:
+            raise self.fail(path, "must contain {port} or {host}: each pod needs its own unit")
+        return self.template(value, path)
+
+    def template(self, text: str, path: KeyPath) -> str:
+        """A string whose only placeholders are ``{host}`` and ``{port}`` (``{{`` for a brace)."""
+        try:
+            text.format(**{name: "" for name in LAUNCH_PLACEHOLDERS})
+        except (KeyError, IndexError, ValueError) as error:
+            raise self.fail(
+                path, f"only {{host}} and {{port}} may be filled in ({{{{ for a brace}}), got {text!r}: {error}"
+            ) from None
+        return text
 
     def protocol(self, m: _Section) -> str:
         value = m.get("protocol") if m.has("protocol") else "http1"
@@ -1135,6 +1273,18 @@ def _describe_service(service: ServiceConfig) -> list[str]:
             f"  probe: GET {probe.path} every {format_duration(probe.interval)}, "
             + f"timeout {format_duration(probe.timeout)}, healthy after {probe.healthy_after}, "
             + f"unhealthy after {probe.unhealthy_after}"
+        )
+    launch = service.launch
+    if launch is not None:
+        how = f"systemctl start {launch.systemd_unit}" if launch.systemd_unit else " ".join(launch.command or ())
+        lines.append(
+            f"  launch: {how}; min {launch.min}, max {launch.max if launch.max is not None else 'every listed pod'}, "
+            + f"target_concurrency {launch.target_concurrency:g}, "
+            + f"stable_window {format_duration(launch.stable_window)}, "
+            + f"panic_window {format_duration(launch.panic_window)}, "
+            + f"scale_to_zero_after {format_duration(launch.scale_to_zero_after)}, "
+            + f"cold_start_timeout {format_duration(launch.cold_start_timeout)}, "
+            + f"stop_pods_on_exit {_show(launch.stop_pods_on_exit)}"
         )
     lines.append(f"  pods ({len(service.pods)}):" if service.pods else "  pods: none")
     lines += [f"    {pod.address}{'  (drain)' if pod.drain else ''}" for pod in service.pods]

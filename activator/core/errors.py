@@ -170,6 +170,14 @@ class DeadlineExceeded(ActivatorError):
     reason = "deadline-exceeded"
 
 
+class ColdStartFailed(ActivatorError):
+    """No launched pod of the service became ready (``launch.cold_start_timeout``)."""
+
+    status = 503
+    reason = "cold-start-failed"
+    retry_after = 1
+
+
 class PeerUnavailable(ActivatorError):
     """The only owners of the service's slots are peers that are down."""
 

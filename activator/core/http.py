@@ -280,6 +280,7 @@ GRPC_STATUS = {
     "upstream-bad-response": 14,
     "shutting-down": 14,
     "peer-unavailable": 14,
+    "cold-start-failed": 14,
     "too-many-connections": 14,
     "upstream-timeout": 4,  # DEADLINE_EXCEEDED
     "deadline-exceeded": 4,

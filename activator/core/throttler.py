@@ -98,6 +98,7 @@ class PodTracker:
         "slots",
         "listed",
         "drain",
+        "parked",
         "probe_passes",
         "probe_failures",
         "failures",
@@ -122,6 +123,8 @@ class PodTracker:
         self.slots: int | None = None
         self.listed = True
         self.drain = False
+        # Drained by its launcher (scaled down, to be stopped), whatever the file says.
+        self.parked = False
         self.probe_passes = 0  # consecutive
         self.probe_failures = 0  # consecutive
         self.failures = 0  # consecutive transport failures on real traffic
@@ -152,8 +155,8 @@ class PodTracker:
 
     @property
     def wanted(self) -> bool:
-        """Listed without drain: the operator wants it serving."""
-        return self.listed and not self.drain
+        """Listed without drain, and not drained by its launcher: wanted serving."""
+        return self.listed and not self.drain and not self.parked
 
     def can_take(self) -> bool:
         """Healthy with a free slot owned here."""
@@ -189,11 +192,14 @@ class Waiter:
     """A queued request. Woken (through ``Effects.woken``) once it has a ``grant``, or
     when ``redirected``."""
 
-    __slots__ = ("__weakref__", "enqueued_at", "grant", "redirected", "token")
+    __slots__ = ("__weakref__", "enqueued_at", "grant", "redirected", "refusal", "token")
 
     def __init__(self, now: float) -> None:
         self.enqueued_at = now
         self.grant: Grant | None = None
+        #: Taken out of the queue with this answer instead of a slot (an ``ActivatorError``,
+        #: such as ``ColdStartFailed``): the shell raises it.
+        self.refusal: Exception | None = None
         # Taken out of the queue because this process no longer owns any slot of the
         # service: the shell forwards the request to an owner instead.
         self.redirected = False
@@ -468,6 +474,31 @@ class ServiceThrottler:
         """
         return self._apply(self.config, config, now, owned)
 
+    def park(self, address: str, parked: bool, now: float, reason: str) -> Effects:
+        """The pod's launcher drains it (``parked``: scaled down, to be stopped) or wants it
+        again (stopped, or not to be stopped after all). Today's draining: no new request,
+        its in-flight ones finish. The file's own listing and drain still apply."""
+        tracker = self.trackers.get(address)
+        if tracker is None or tracker.parked is parked:
+            return NO_EFFECTS
+        was_wanted = tracker.wanted
+        tracker.parked = parked
+        if was_wanted and not tracker.wanted:
+            self._fire(tracker, PodEvent.DRAIN_SET, now, reason)
+        elif tracker.wanted and not was_wanted:
+            self._fire(tracker, PodEvent.DRAIN_CLEARED, now, reason)
+            self._admit_unprobed(tracker, now, reason)
+        return self._effects()
+
+    def refuse_waiters(self, refusal: Exception) -> Effects:
+        """Every waiter leaves the queue with ``refusal`` as its answer (the shell raises it)."""
+        queue = self._queue
+        while queue:
+            waiter, _ = queue.popitem(last=False)
+            waiter.refusal = refusal
+            self._woken.append(waiter)
+        return self._effects()
+
     def redirect_waiters(self) -> Effects:
         """Send every waiter back to the shell (woken, no grant, ``redirected``).
 
@@ -561,6 +592,7 @@ class ServiceThrottler:
                     "retries": tracker.retries,
                     "listed": tracker.listed,
                     "drain": tracker.drain,
+                    "parked": tracker.parked,
                     "requests": tracker.requests,
                     "seconds_in_state": round(now - tracker.since, 3),
                     "seconds_by_state": tracker.seconds_by_state(now),
@@ -765,6 +797,10 @@ class ServiceThrottler:
             return
         was_listed, was_drained = tracker.listed, tracker.drain
         tracker.listed, tracker.drain = True, drained
+        if tracker.parked:
+            if drained and not was_drained:
+                self._fire(tracker, PodEvent.DRAIN_SET, now, "drain: true")
+            return  # its launcher keeps it drained until it wants it again
         if not was_listed:
             if not drained:
                 self._fire(tracker, PodEvent.LISTED, now, "listed again")
