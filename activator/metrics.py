@@ -88,6 +88,7 @@ import gevent.socket
 import statsd
 from gevent.resolver.blocking import Resolver as BlockingResolver
 
+from .core.autoscale import Action, LaunchEffect, Launches
 from .core.config import Address, StatsdConfig
 from .core.failures import FailureKind
 from .core.h2budgets import Budget
@@ -107,6 +108,8 @@ FLUSH_SECONDS = 1.0
 #: goes alone).
 MAX_DATAGRAM = 512
 
+#: ``{p}.{s}.launch.{name}`` counts these launcher actions.
+_LAUNCH_COUNTS = {Action.START: "started", Action.STOP: "stopped", Action.FAILED: "failed"}
 _REJECTED = {"queue-full": "queue_full", "queue-timeout": "queue_timeout", "shutting-down": "shutting_down"}
 #: ``{p}.rejected.{name}`` of each refusal before routing (SPEC.md spells one in the singular).
 _REFUSED = {reason: reason.replace("-", "_") for reason in REASONS} | {"headers-too-large": "header_too_large"}
@@ -355,6 +358,9 @@ class _ServiceNames:
         "pods_in_state",
         "transitions",
         "pods",
+        "launch",
+        "cold_start",
+        "desired",
     )
 
     def __init__(self, namer: Namer, service: str) -> None:
@@ -373,6 +379,9 @@ class _ServiceNames:
         self.pods_in_state = {state: namer(f"pods.{state.value}", service, gauge=True) for state in _POD_STATES}
         self.transitions = {state: namer(f"pod_transitions.{state.value}", service) for state in PodState}
         self.pods: dict[str, _PodNames] = {}
+        self.launch = {action: namer(f"launch.{name}", service) for action, name in _LAUNCH_COUNTS.items()}
+        self.cold_start = namer("launch.cold_start", service)
+        self.desired = namer("launch.desired", service, gauge=True)
 
     def pod(self, tracker: PodTracker, sent: dict[FailureKind, int] | None = None) -> _PodNames:
         names = self.pods.get(tracker.address)
@@ -402,6 +411,8 @@ class StatsdMetrics:
         self._reload = {True: self._namer("config.reload.ok"), False: self._namer("config.reload.failed")}
         self._refused = {reason: self._namer(f"rejected.{name}") for reason, name in _REFUSED.items()}
         self._goaway = {budget.value: self._namer(f"h2.goaway.{budget.value}") for budget in Budget}
+        #: The launcher's scalers (``launch:``; the server sets it): their desired pods are gauges.
+        self.launches: Launches | None = None
         self._gauges: set[Metric] = set()  # every gauge sent at the last flush
         #: Event counters counted while there was no sender yet: they go with the first flush.
         self._pending: dict[Metric, int] = {}
@@ -478,6 +489,21 @@ class StatsdMetrics:
         """Count a reload. Does not yield."""
         try:
             self._count([(self._reload[ok], 1)])
+        except Exception:
+            self._send_failed()
+
+    def launched(self, effect: LaunchEffect) -> None:
+        """Count a launch (``{p}.{s}.launch.{started,stopped,failed}``) or time a cold
+        start (``{p}.{s}.launch.cold_start``). Does not yield."""
+        try:
+            names = self._services.get(effect.service) or self._names(effect.service)
+            counter = names.launch.get(effect.action)
+            if counter is not None:
+                self._count([(counter, 1)])
+            elif effect.action is Action.READY and effect.seconds is not None and self._sender is not None:
+                batch = self._sender.batch()
+                batch.timing(names.cold_start, effect.seconds * 1000)
+                batch.send()
         except Exception:
             self._send_failed()
 
@@ -575,6 +601,9 @@ class StatsdMetrics:
                 count(pod.failure_increase(tracker))
             for state, number in per_state.items():
                 gauge(names.pods_in_state[state], number)
+            scaler = self.launches.services.get(throttler.name) if self.launches is not None else None
+            if scaler is not None:
+                gauge(names.desired, scaler.desired)
             for address in [a for a in names.pods if a not in throttler.trackers]:
                 del names.pods[address]
         for name in [n for n in self._services if n not in live]:
@@ -625,8 +654,10 @@ class StatsdMetrics:
             log.warning("statsd: sending failed (logged once)", exc_info=True)
 
 
-def make_metrics(config: StatsdConfig | None, topology: Topology) -> MetricsSink:
+def make_metrics(config: StatsdConfig | None, topology: Topology, launches: Launches | None = None) -> MetricsSink:
     """The sink for this configuration: StatsD, or nothing. Does not yield, never raises on a bad address."""
     if config is None:
         return NoMetrics()
-    return StatsdMetrics(config, topology)
+    metrics = StatsdMetrics(config, topology)
+    metrics.launches = launches
+    return metrics

@@ -35,6 +35,7 @@ import time
 from collections.abc import Mapping
 from typing import IO, Protocol
 
+from .core.autoscale import LaunchEffect
 from .core.config import ProbeConfig
 from .core.errors import ActivatorError
 from .core.h2budgets import Budget
@@ -130,6 +131,7 @@ class MetricsSink(Protocol):
     def transition(self, transition: Transition) -> None: ...
     def reload(self, ok: bool) -> None: ...
     def h2_goaway(self, budget: str) -> None: ...
+    def launched(self, effect: LaunchEffect) -> None: ...
 
 
 class NoMetrics:
@@ -154,6 +156,9 @@ class NoMetrics:
         pass
 
     def h2_goaway(self, budget: str) -> None:
+        pass
+
+    def launched(self, effect: LaunchEffect) -> None:
         pass
 
 
@@ -216,6 +221,10 @@ class Observer:
         connection got GOAWAY ENHANCE_YOUR_CALM; the engine logged it). Does not yield."""
         self.h2_goaways[budget.value] += 1
         self.metrics.h2_goaway(budget.value)
+
+    def launched(self, effect: LaunchEffect) -> None:
+        """The launcher acted on ``effect`` (a pod started, stopped, failed, ready). Does not yield."""
+        self.metrics.launched(effect)
 
     def refused(self, client: str, method: str, target: bytes, refusal: ActivatorError) -> None:
         """The engine's ``on_refusal`` hook: a request refused before routing. Does not yield."""

@@ -62,6 +62,7 @@ from .core.timeouts import Timeouts
 from .core.topology import Topology, may_forward
 from .engine import EXCHANGE
 from .exchange import ClientExchange, PodRequest, PodResponse
+from .launcher import LaunchCheck
 from .observe import Observer, RequestRecord
 from .peers import PeerEndpoint
 from .pods import H2C, HTTP1, PodClient
@@ -360,6 +361,8 @@ class Proxy:
             wait = record.start + config.queue_timeout - now
             if deadline is not None:
                 wait = min(wait, deadline - now)
+            if config.launch is not None and throttler.capacity == 0:
+                self.writer.post(LaunchCheck())  # a cold start begins now, not at the next tick
             share = exchange.queue_share
             if share is not None and not share.enter(throttler.name, config.queue_depth):
                 raise QueueFull("this client connection holds its share of the queue already")

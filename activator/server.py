@@ -60,6 +60,7 @@ from .core.events import Event as TopologyEvent
 from .core.throttler import Grant, ServiceThrottler
 from .core.topology import Topology
 from .engine import HttpServer
+from .launcher import Launching
 from .logs import fatal, setup_logging
 from .metrics import make_metrics
 from .observe import Observer
@@ -113,7 +114,6 @@ class Runtime:
             workers=worker.addresses if worker else (),
             hand_over_at_start=True,
         )
-        self.observer.metrics = make_metrics(config.statsd, self.topology)
         self.actor = Actor(self.observer, self._states_changed, self._lend if worker else None)
         self.writer = TopologyWriter(self.topology, self.actor, self._applied)
         #: ``workers: N``: this worker's side of the activator's one queue.
@@ -121,6 +121,10 @@ class Runtime:
         if worker is not None:
             self.sharing = SlotSharing(worker.exchange, worker.index, self.topology, self.actor.act, self.writer.post)
         self.prober = Prober(self.topology, self.writer)
+        #: Pods this activator starts and stops (``launch:``), decided in the writer's steps.
+        self.launching = Launching(self.topology, self.writer.post, self.observer)
+        self.writer.launching = self.launching
+        self.observer.metrics = make_metrics(config.statsd, self.topology, self.launching.launches)
         self.pods = PodClients()
         self.proxy = Proxy(
             self.topology,
@@ -193,6 +197,7 @@ class Runtime:
         if self.sharing is not None:
             self.sharing.start()
         self.actor.act(self.topology.initial_effects)
+        self.actor.act(self.launching.configure(config, time.monotonic()))
         self.prober.sync()
         self.observer.metrics.start()
         self.writer.start()
@@ -358,7 +363,7 @@ class Runtime:
             self._watch_tls_files()
         if new.statsd != old.statsd:
             self.observer.metrics.stop()
-            self.observer.metrics = make_metrics(new.statsd, self.topology)
+            self.observer.metrics = make_metrics(new.statsd, self.topology, self.launching.launches)
             self.observer.metrics.start()
         self.loaded_at = time.time()
         self.last_error = None
@@ -395,6 +400,7 @@ class Runtime:
                 server.stop(timeout=1)
         gevent.killall([*self._greenlets, *self._tls_watchers], block=False)
         self.writer.stop()
+        self.launching.shutdown(self.config)
         self.checker.stop()
         self.prober.stop()
         self.observer.metrics.stop()
@@ -430,8 +436,15 @@ class Runtime:
             "reloads": dict(self.observer.history.reloads),
             "refused": dict(sorted(self.observer.history.refusals.items())),
             "h2_goaway": dict(self.observer.h2_goaways),
-            "services": self.observer.history.annotate(self.topology.snapshot(now)),
+            "services": self._with_launches(self.observer.history.annotate(self.topology.snapshot(now)), now),
         }
+
+    def _with_launches(self, services: dict[str, Any], now: float) -> dict[str, Any]:
+        """Each launched service's ``launch`` section (desired, running, cold starts)."""
+        for name, launch in self.launching.snapshot(now).items():
+            if name in services:
+                services[name]["launch"] = launch
+        return services
 
 
 def tls_identity(tls: TlsConfig | None) -> tuple[str, str] | None:

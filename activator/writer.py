@@ -15,6 +15,10 @@ What this module decides:
   change is logged and counted once, and when pod states changed, the probes are synced
   (started for newly probed pods, stopped for the others). Request greenlets use
   the same actor for what their ``release`` hands over.
+- **Launched pods** (``launcher.Launching``): the launcher's decisions are made in the
+  writer's steps too, after each new config, at each tick, and on its own events
+  (``LaunchCheck``, ``PodEnded``); what they change in the topology (a pod drained
+  before its stop, waiters given up) is acted on like any other effects.
 """
 
 from __future__ import annotations
@@ -28,9 +32,10 @@ import gevent
 from gevent.event import Event as Flag
 from gevent.queue import Empty, Queue
 
-from .core.events import Event, Tick
+from .core.events import ConfigChanged, Event, ProbeReport, Tick
 from .core.throttler import Effects, Grant, ServiceThrottler, Transition
 from .core.topology import Topology
+from .launcher import LaunchCheck, LaunchEvent, Launching, PodEnded
 
 log = logging.getLogger("activator")
 
@@ -87,7 +92,9 @@ class TopologyWriter:
         #: configuration the runtime swaps the settings that live outside the topology).
         self.on_applied = on_applied
         self.tick = tick
-        self._events: Queue[tuple[Event, Flag | None]] = Queue()
+        #: Launched pods (``launcher.Launching``): decided in the writer's steps too.
+        self.launching: Launching | None = None
+        self._events: Queue[tuple[Event | LaunchEvent, Flag | None]] = Queue()
         self._greenlet: gevent.Greenlet | None = None
 
     def start(self) -> None:
@@ -97,15 +104,28 @@ class TopologyWriter:
         if self._greenlet is not None:
             self._greenlet.kill(block=False)
 
-    def post(self, event: Event, done: Flag | None = None) -> None:
+    def post(self, event: Event | LaunchEvent, done: Flag | None = None) -> None:
         """Queue ``event`` for the writer; ``done`` is set once it was applied. Does not yield."""
         self._events.put_nowait((event, done))
 
-    def apply(self, event: Event) -> None:
+    def apply(self, event: Event | LaunchEvent) -> None:
         """Apply one event and act on its effects. The writer's step: does not yield."""
-        effects = self.topology.handle(event, time.monotonic())
+        now = time.monotonic()
+        launching = self.launching
+        if isinstance(event, (LaunchCheck, PodEnded)):
+            if launching is not None:
+                self.actor.act(launching.handle(event, now))
+            return
+        effects = self.topology.handle(event, now)
         self.on_applied(event)
         self.actor.act(effects)
+        if launching is not None:
+            if isinstance(event, ConfigChanged):
+                self.actor.act(launching.configure(event.config, now))
+            elif isinstance(event, Tick):
+                self.actor.act(launching.step(now))
+            elif isinstance(event, ProbeReport):  # a booting pod may be ready now
+                self.actor.act(launching.step(now, sample=False))
 
     def _run(self) -> None:
         next_tick = time.monotonic() + self.tick
