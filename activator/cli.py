@@ -137,6 +137,17 @@ def _seconds(value: float) -> str:
     return f"{value * 1000:.0f}ms" if value < 1 else f"{value:.1f}s"
 
 
+def format_launch(launch: dict[str, Any]) -> str:
+    """A launched service's line: desired and running pods, cold starts, failed launches."""
+    cold = launch["cold_starts"]
+    mean = f" (mean {_seconds(launch['cold_start_seconds_total'] / cold)})" if cold else ""
+    return (
+        f"launch: desired={launch['desired']} ({launch['min']}..{launch['max']})  running={launch['running']}"
+        f"  starting={launch['starting']}  cold_starts={cold}{mean}  failed={launch['failed']}"
+        + ("  PANIC" if launch["panicking"] else "")
+    )
+
+
 def format_status(status: dict[str, Any]) -> str:
     """The terminal table of ``activator status`` (rates: the last ten seconds' average;
     a pod's MAX is its most in flight at once since it was first listed, beside its
@@ -172,6 +183,9 @@ def format_status(status: dict[str, Any]) -> str:
             f"  5xx {per_second.get('responses', {}).get('5xx', 0.0):.1f}/s"
             f"  rejected {per_second.get('rejected', 0.0):.1f}/s"
         )
+        launch = service.get("launch")
+        if launch is not None:
+            lines.append("  " + format_launch(launch))
         lines.append(
             f"  {'POD':<28} {'STATE':<9} {'IN_FLIGHT':>9} {'MAX':>4} {'SLOTS':>5} {'REQUESTS':>9} {'REQ/S':>7}"
             f" {'5XX':>6} {'FAILURES':>8} {'FAIL_TOTAL':>10}"

@@ -433,6 +433,15 @@ def service_section(name: str, service: Mapping[str, Any], history: Mapping[str,
     ]
     if forward:
         summary.append(f"forwards to {esc(forward)}")
+    launch = service.get("launch")
+    if launch is not None:
+        cold = launch["cold_starts"]
+        mean = f", mean {esc(fmt_seconds(launch['cold_start_seconds_total'] / cold))}" if cold else ""
+        summary.append(
+            f"<span class='launch'>launch: desired <b>{launch['desired']}</b> ({launch['min']}..{launch['max']}), "
+            f"running {launch['running']}, starting {launch['starting']}, cold starts {cold}{mean}, "
+            f"failed {launch['failed']}{', PANIC' if launch['panicking'] else ''}</span>"
+        )
     changes = list((history or {}).get("transitions", ()))[-10:]
     recent = ""
     if changes:

@@ -12,7 +12,9 @@ What this module decides:
   (SPEC.md): ``requests``, ``responses.{class}``, ``rejected.{reason}``, ``latency``
   and ``queue_wait`` (histograms here, in seconds), the gauges ``queued`` /
   ``in_flight`` / ``tunnels`` / ``capacity`` / ``pods.{state}`` / ``pod.in_flight``,
-  the per-pod transport failure counters, pod state changes, config reloads.
+  the per-pod transport failure counters, pod state changes, config reloads; for a
+  service with ``launch:``, ``activator_launch_*`` (desired, running and starting pods;
+  started, stopped and failed launches, cold starts and their seconds).
 - ``activator_capacity`` is omitted for an unlimited service (``container_concurrency:
   0`` with a healthy pod), as in StatsD. With workers, a pod the workers see in
   different states counts in ``activator_pods`` under each of them.
@@ -146,9 +148,33 @@ def families(status: Mapping[str, Any]) -> Iterator[Metric]:
     oldest = _gauge("activator_oldest_wait_seconds", "How long the oldest waiter has waited", s)
     pods = _gauge("activator_pods", "Pods per state", [*s, "state"])
     transitions = _counter("activator_pod_transitions", "Pod state changes, by the new state", [*s, "state"])
+    launch_gauges = {
+        key: _gauge(f"activator_launch_{key}", doc, s)
+        for key, doc in (
+            ("desired", "Launched pods the autoscaler wants running"),
+            ("running", "Pods this activator started that are ready"),
+            ("starting", "Pods this activator started that are not ready yet"),
+        )
+    }
+    launch_counters = {
+        key: _counter(f"activator_launch_{key}", doc, s)
+        for key, doc in (
+            ("started", "Pods this activator started"),
+            ("stopped", "Pods this activator stopped (or that ended)"),
+            ("failed", "Launches that failed (exited before ready, or not ready within cold_start_timeout)"),
+            ("cold_starts", "Cold starts that ended with the pod ready"),
+            ("cold_start_seconds", "Time from start to ready, summed over the cold starts"),
+        )
+    }
     pod_families = _PodFamilies()
     for name, service in status.get("services", {}).items():
         labels = [name]
+        launch = service.get("launch")
+        if launch is not None:
+            for key, gauge in launch_gauges.items():
+                gauge.add_metric(labels, launch[key])
+            for key, counter in launch_counters.items():
+                counter.add_metric(labels, launch["cold_start_seconds_total" if key == "cold_start_seconds" else key])
         totals = service.get("totals", {})
         requests.add_metric(labels, totals.get("requests", 0))
         for cls in CLASSES:
@@ -175,6 +201,8 @@ def families(status: Mapping[str, Any]) -> Iterator[Metric]:
             pods.add_metric([name, state], count)
     yield from (requests, responses, rejected, bytes_in, bytes_out, latency, queue_wait)
     yield from (queued, in_flight, tunnels, capacity, oldest, pods, transitions)
+    yield from launch_gauges.values()
+    yield from launch_counters.values()
     yield from pod_families
 
 

@@ -29,6 +29,7 @@ from harness import (
     make_config,
     probe_config,
     request,
+    run_cli,
     start_request,
     wait_until,
 )
@@ -301,3 +302,27 @@ def test_a_systemd_unit_launcher_sends_systemctl_start_and_stop_with_the_unit_na
     assert calls[0] == f"start {unit}"
     assert calls[-1] == f"stop {unit}"
     assert set(calls) <= {f"start {unit}", f"is-active {unit}", f"stop {unit}"}
+
+
+# -- visible -----------------------------------------------------------------------------------
+
+
+def test_launches_show_in_status_metrics_statsd_the_cli_and_the_page(pods, activator_factory, statsd_receiver):
+    group = pods(1)
+    config = launched(group)
+    config["statsd"] = {"address": statsd_receiver.address, "prefix": "act"}
+    act: Activator = activator_factory(config)
+    assert request(act.listen, path="/delay?ms=1", timeout=60).status == 200
+    act.wait_for(lambda st: launch_status(st)["running"] == 1, message="the pod started here is running")
+    statsd_receiver.wait_for_metric(f"act.{SERVICE}.launch.started", "c")
+    statsd_receiver.wait_for_metric(f"act.{SERVICE}.launch.cold_start", "ms")
+    statsd_receiver.wait_for(lambda lines: statsd_receiver.gauge(f"act.{SERVICE}.launch.desired") == 1)
+    metrics = act.admin_get("/metrics").text
+    assert f'activator_launch_cold_starts_total{{service="{SERVICE}"}} 1.0' in metrics
+    assert f'activator_launch_desired{{service="{SERVICE}"}} 1.0' in metrics
+    assert f'activator_launch_failed_total{{service="{SERVICE}"}} 0.0' in metrics
+    table = run_cli(["status", "--admin", act.admin or ""])
+    assert table.returncode == 0, table.stderr
+    assert "launch: desired=1 (0..1)  running=1  starting=0  cold_starts=1" in table.stdout
+    page = act.admin_get("/").text
+    assert "launch: desired <b>1</b>" in page
