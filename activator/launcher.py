@@ -30,14 +30,13 @@ import logging
 import os
 import signal
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import IO, Any, Protocol
 
 import gevent
 import gevent.event
 import gevent.subprocess
 
-from .core.autoscale import Action, LaunchEffect, Launches, PodView, ServiceView
+from .core.autoscale import Action, LaunchEffect, Launches, LaunchEvent, PodEnded, PodView, ServiceView
 from .core.config import Config, LaunchConfig, PodConfig, fill_launch_template
 from .core.errors import ColdStartFailed
 from .core.states import PodState
@@ -54,21 +53,6 @@ UNIT_CHECK_SECONDS = 2.0
 SYSTEMCTL = "systemctl"
 
 
-@dataclass(frozen=True)
-class LaunchCheck:
-    """A request queued for a launched service that has no usable slot: decide now."""
-
-
-@dataclass(frozen=True)
-class PodEnded:
-    """A launched pod's process ended (it exited, its start failed, or its stop is done)."""
-
-    service: str
-    address: str
-    detail: str
-
-
-LaunchEvent = LaunchCheck | PodEnded
 Post = Callable[[Any], None]
 
 

@@ -37,6 +37,7 @@ import gevent.event
 
 from . import gate
 from .core import http
+from .core.autoscale import LaunchCheck
 from .core.config import ServiceConfig
 from .core.errors import (
     ActivatorError,
@@ -62,7 +63,6 @@ from .core.timeouts import Timeouts
 from .core.topology import Topology, may_forward
 from .engine import EXCHANGE
 from .exchange import ClientExchange, PodRequest, PodResponse
-from .launcher import LaunchCheck
 from .observe import Observer, RequestRecord
 from .peers import PeerEndpoint
 from .pods import H2C, HTTP1, PodClient

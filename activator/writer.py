@@ -32,15 +32,24 @@ import gevent
 from gevent.event import Event as Flag
 from gevent.queue import Empty, Queue
 
+from .core.autoscale import LaunchCheck, LaunchEvent, PodEnded
+from .core.config import Config
 from .core.events import ConfigChanged, Event, ProbeReport, Tick
 from .core.throttler import Effects, Grant, ServiceThrottler, Transition
 from .core.topology import Topology
-from .launcher import LaunchCheck, LaunchEvent, Launching, PodEnded
 
 log = logging.getLogger("activator")
 
 #: How often the writer ticks (drain timeouts, retired services).
 TICK_SECONDS = 0.5
+
+
+class LaunchHandler(Protocol):
+    """Launched pods' decisions (``launcher.Launching``), made in the writer's steps."""
+
+    def configure(self, config: Config, now: float) -> Effects: ...
+    def step(self, now: float, sample: bool | None = None) -> Effects: ...
+    def handle(self, event: LaunchEvent, now: float) -> Effects: ...
 
 
 class TransitionSink(Protocol):
@@ -93,7 +102,7 @@ class TopologyWriter:
         self.on_applied = on_applied
         self.tick = tick
         #: Launched pods (``launcher.Launching``): decided in the writer's steps too.
-        self.launching: Launching | None = None
+        self.launching: LaunchHandler | None = None
         self._events: Queue[tuple[Event | LaunchEvent, Flag | None]] = Queue()
         self._greenlet: gevent.Greenlet | None = None
 

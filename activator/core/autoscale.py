@@ -34,7 +34,8 @@ Rules:
   up (``REFUSE_WAITERS``: 503 ``cold-start-failed``) and nothing starts again until a new
   request waits (or, with ``min`` above 0, after another ``cold_start_timeout``).
 
-Pure: no I/O, time passed in. ``Launches`` holds the scalers of every launched service
+The shell's own events for these decisions are here too (``LaunchCheck``,
+``PodEnded``), as values. Pure: no I/O, time passed in. ``Launches`` holds the scalers of every launched service
 and follows config reloads: a service whose launcher is removed keeps every pod it has
 (a pod being drained is given back to its requests).
 """
@@ -82,6 +83,26 @@ class LaunchEffect:
     pod: str = ""
     reason: str = ""
     seconds: float | None = None
+
+
+@dataclass(frozen=True)
+class LaunchCheck:
+    """Shell event: a request queued for a launched service that has no usable slot
+    (a cold start must not wait for the next tick)."""
+
+
+@dataclass(frozen=True)
+class PodEnded:
+    """Shell event: a launched pod's process ended (it exited, its start failed, or its
+    stop is done)."""
+
+    service: str
+    address: str
+    detail: str
+
+
+#: The events the launcher's decisions are made on, besides config changes and ticks.
+LaunchEvent = LaunchCheck | PodEnded
 
 
 @dataclass(frozen=True)
