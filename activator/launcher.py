@@ -186,10 +186,18 @@ class LaunchSink(Protocol):
 class Launching:
     """The launcher's decisions applied to the topology (see the module docstring)."""
 
-    def __init__(self, topology: Topology, post: Post, sink: LaunchSink) -> None:
+    def __init__(
+        self,
+        topology: Topology,
+        post: Post,
+        sink: LaunchSink,
+        on_boot: Callable[[str, str], None] = lambda service, address: None,
+    ) -> None:
         self.topology = topology
         self.post = post
         self.sink = sink
+        #: Called with (service, pod) as a pod starts booting (the prober hurries).
+        self.on_boot = on_boot
         self.launches = Launches()
         self.processes: dict[tuple[str, str], PodProcess] = {}
         self._next_sample = 0.0
@@ -231,7 +239,7 @@ class Launching:
             if throttler is None:
                 continue
             pods = {
-                address: PodView(tracker.state is PodState.HEALTHY, tracker.in_flight)
+                address: PodView(tracker.state is PodState.HEALTHY, tracker.in_flight, tracker.last_probe is not None)
                 for address, tracker in throttler.trackers.items()
             }
             requests = sum(tracker.requests for tracker in throttler.trackers.values())
@@ -287,6 +295,12 @@ class Launching:
         if key in self.processes:  # still ending from an earlier start: that end is on its way
             log.warning("pod %s (service %s): started while its last process still ends", effect.pod, effect.service)
         self.processes[key] = PodProcess(effect.service, pod, service.launch, self.post, config.grace_period)
+        self.on_boot(effect.service, effect.pod)
+
+    def booting(self, service: str, address: str) -> bool:
+        """Whether this activator started the pod and it is not ready yet. Does not yield."""
+        scaler = self.launches.services.get(service)
+        return scaler is not None and scaler.booting(address)
 
     def shutdown(self, config: Config) -> None:
         """At activator's stop: stop the pods of services with ``stop_pods_on_exit: true``

@@ -6,7 +6,8 @@ What is probed, when a probe is due and what an outcome counts as are decided in
 - ``sync`` keeps one greenlet per (service, pod) that ``core.probes.probed`` says is
   probed, and stops the others; the shell calls it whenever pod states changed.
 - Each greenlet waits a random offset within the first ``interval`` (so that probes of
-  many pods do not fire together), then every ``interval``: if the probe is due (not
+  many pods do not fire together), then every ``interval`` (a pod booting after its
+  launcher started it: every ``BOOT_PROBE_INTERVAL``, from its start): if the probe is due (not
   while every slot of the pod here is in use), it sends ``GET probe.path`` with its own
   connection (never a proxied request's) and reports the ``ProbeOutcome``, judged by
   ``core.probes.judge``, to the topology writer as a ``ProbeReport`` with how long the
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Callable
 
 import gevent
 
@@ -51,6 +53,10 @@ from .upstream import FixedBody
 from .writer import TopologyWriter
 
 PROBE_HEADERS = [(b"User-Agent", b"activator-probe"), (b"Accept", b"*/*")]
+#: How often a booting pod (started by the launcher, not ready yet) is probed, whatever its
+#: ``probe.interval``: the wait between its readiness and its first request is activator's
+#: own share of a cold start.
+BOOT_PROBE_INTERVAL = 0.02
 
 
 class Prober:
@@ -60,6 +66,9 @@ class Prober:
         self.topology = topology
         self.writer = writer
         self._greenlets: dict[tuple[str, str], gevent.Greenlet] = {}
+        #: Whether (service, pod) is booting (``launcher.Launching.booting``): probed
+        #: every ``BOOT_PROBE_INTERVAL`` then.
+        self.booting: Callable[[str, str], bool] = lambda service, address: False
 
     def sync(self) -> None:
         """Start probes for pods that need them, stop the others. Does not yield."""
@@ -75,6 +84,14 @@ class Prober:
                 self._greenlets.pop(key).kill(block=False)
         for key in wanted - self._greenlets.keys():
             self._greenlets[key] = gevent.spawn(self._probe_forever, *key)
+
+    def hurry(self, service: str, address: str) -> None:
+        """The pod started booting: its probes begin now, at the boot interval. Does not yield."""
+        key = (service, address)
+        greenlet = self._greenlets.pop(key, None)
+        if greenlet is not None:
+            greenlet.kill(block=False)
+        self.sync()
 
     def stop(self) -> None:
         for greenlet in self._greenlets.values():
@@ -95,7 +112,13 @@ class Prober:
                     pool.close()
                     protocol = service.config.protocol
                     pool = make_client(address, protocol, max_idle=1)
-                gevent.sleep(random.uniform(0, probe.interval) if first else probe.interval)
+                if self.booting(service_name, address):
+                    gevent.sleep(min(probe.interval, BOOT_PROBE_INTERVAL))
+                else:
+                    # A launched service's pods are probed at once at first: until then, the
+                    # launcher cannot tell whether one runs already.
+                    offset = 0.0 if service.config.launch is not None else random.uniform(0, probe.interval)
+                    gevent.sleep(offset if first else probe.interval)
                 first = False
                 service = self.topology.services.get(service_name)
                 tracker = service.trackers.get(address) if service else None

@@ -122,7 +122,8 @@ class Runtime:
             self.sharing = SlotSharing(worker.exchange, worker.index, self.topology, self.actor.act, self.writer.post)
         self.prober = Prober(self.topology, self.writer)
         #: Pods this activator starts and stops (``launch:``), decided in the writer's steps.
-        self.launching = Launching(self.topology, self.writer.post, self.observer)
+        self.launching = Launching(self.topology, self.writer.post, self.observer, self.prober.hurry)
+        self.prober.booting = self.launching.booting
         self.writer.launching = self.launching
         self.observer.metrics = make_metrics(config.statsd, self.topology, self.launching.launches)
         self.pods = PodClients()

@@ -35,6 +35,7 @@ from gevent.queue import Empty, Queue
 from .core.autoscale import LaunchCheck, LaunchEvent, PodEnded
 from .core.config import Config
 from .core.events import ConfigChanged, Event, ProbeReport, Tick
+from .core.probes import Verdict
 from .core.throttler import Effects, Grant, ServiceThrottler, Transition
 from .core.topology import Topology
 
@@ -133,7 +134,7 @@ class TopologyWriter:
                 self.actor.act(launching.configure(event.config, now))
             elif isinstance(event, Tick):
                 self.actor.act(launching.step(now))
-            elif isinstance(event, ProbeReport):  # a booting pod may be ready now
+            elif isinstance(event, ProbeReport) and event.verdict is Verdict.PASS:  # a booting pod may be ready
                 self.actor.act(launching.step(now, sample=False))
 
     def _run(self) -> None:

@@ -17,10 +17,10 @@ Rules:
   kept until ``scale_to_zero_after`` passed without a request. Always between ``min``
   and ``max`` (and the pods it may launch).
 - **Which pod.** A pod being drained that is wanted again serves again; starts go to the
-  listed pods (without ``drain``) in the file's order, skipping those already serving
-  and those that failed in this round, and never beyond ``max`` counting the pods still
-  stopping; stops take the pods it started, those still booting first, then the latest
-  in the file's order.
+  listed pods (without ``drain``) in the file's order, skipping those already serving,
+  those not probed yet (one may run already) and those that failed in this round, and
+  never beyond ``max`` counting the pods still stopping; stops take the pods it started,
+  those still booting first, then the latest in the file's order.
 - **Never a pod it did not start.** A pod that is healthy without having been started
   here (started by hand, by an earlier activator, by a peer) counts as serving and is
   never stopped.
@@ -111,6 +111,9 @@ class PodView:
 
     healthy: bool
     in_flight: int = 0
+    #: Probed at least once: whether it runs is known (a pod left running by an earlier
+    #: activator must not be started again before its first probe says so).
+    probed: bool = True
 
 
 @dataclass(frozen=True)
@@ -198,6 +201,11 @@ class ServiceScaler:
                 del self.pods[address]
             # Still wanted but owned by another activator now: ours keeps running.
         self.desired = max(self.launch.min, min(self.desired, self.max_pods))
+
+    def booting(self, address: str) -> bool:
+        """Started here and not ready yet."""
+        pod = self.pods.get(address)
+        return pod is not None and pod.state is Launch.STARTING
 
     def retire(self) -> list[LaunchEffect]:
         """The launcher was removed: stop nothing; a pod being drained serves again."""
@@ -331,7 +339,7 @@ class ServiceScaler:
             if missing <= 0:
                 break
             pod = self.pods[address]
-            if address in serving or pod.state is not Launch.STOPPED or pod.failed:
+            if address in serving or pod.state is not Launch.STOPPED or pod.failed or not _probed(view, address):
                 continue
             pod.state, pod.since = Launch.STARTING, now
             self.started += 1
@@ -352,7 +360,8 @@ class ServiceScaler:
                     pod.state, pod.since, pod.parked = Launch.DRAINING, now, True
                     effects.append(LaunchEffect(Action.DRAIN, self.name, address, f"scaled down: {why}"))
         booting = any(self.pods[a].state is Launch.STARTING for a in serving)
-        if view.queued and self.candidates and not booting and not any(seen.healthy for seen in view.pods.values()):
+        unknown = any(not _probed(view, a) for a in self.candidates)
+        if view.queued and self.candidates and not booting and not unknown and not _any_healthy(view):
             # Nothing serves, nothing boots, no candidate left: give the waiters up.
             for pod in self.pods.values():
                 pod.failed = False
@@ -392,6 +401,15 @@ class ServiceScaler:
                 raise AssertionError(f"{self.name}: {address} drained by us but {pod.state.value}")
             if pod.state is Launch.STARTING and address not in self.candidates:
                 raise AssertionError(f"{self.name}: {address} booting but not a candidate")
+
+
+def _probed(view: ServiceView, address: str) -> bool:
+    seen = view.pods.get(address)
+    return seen is None or seen.probed
+
+
+def _any_healthy(view: ServiceView) -> bool:
+    return any(seen.healthy for seen in view.pods.values())
 
 
 def _drained_in(service: ServiceConfig, address: str) -> bool:

@@ -420,3 +420,15 @@ def test_properties_over_random_demand_boots_and_exits(
         failures = world.scaler.failed > 0
         if not busy and not failures and boot < 1e9 and kind != "exit":  # a step follows an exit
             assert len(world.serving() | ours) >= minimum
+
+
+def test_a_pod_not_probed_yet_is_not_started_and_its_waiters_are_not_refused() -> None:
+    """After a restart, a pod left running is pending until its first probe: starting it
+    again would run a second process on its port."""
+    world = World(scaler())
+    world.queued = 1
+    unknown = ServiceView(0, 1, 0, {a: PodView(False, 0, probed=False) for a in PODS})
+    assert world.scaler.step(1.0, unknown) == []
+    probed = ServiceView(0, 1, 0, {**unknown.pods, PODS[0]: PodView(True, 0, probed=True)})
+    assert world.scaler.step(1.1, probed) == []  # healthy, not ours: it serves, nothing to start
+    assert world.scaler.pods[PODS[0]].state is Launch.STOPPED
