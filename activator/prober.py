@@ -56,7 +56,7 @@ PROBE_HEADERS = [(b"User-Agent", b"activator-probe"), (b"Accept", b"*/*")]
 #: How often a booting pod (started by the launcher, not ready yet) is probed, whatever its
 #: ``probe.interval``: the wait between its readiness and its first request is activator's
 #: own share of a cold start.
-BOOT_PROBE_INTERVAL = 0.02
+BOOT_PROBE_INTERVAL = 0.01
 
 
 class Prober:

@@ -45,7 +45,7 @@ from __future__ import annotations
 import enum
 import math
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -158,7 +158,8 @@ class ServiceScaler:
         #: The pods it may start, in the file's order (listed, without drain, owned here).
         self.candidates: tuple[str, ...] = ()
         self.listed: frozenset[str] = frozenset()
-        self._samples: deque[tuple[float, int]] = deque()
+        self._stable = _Window()
+        self._panic = _Window()
         self.last_activity = now
         self._requests: int | None = None
         self.panic_since: float | None = None
@@ -223,10 +224,8 @@ class ServiceScaler:
         windows (the shell samples once a second; a step on an event does not)."""
         demand = view.in_flight + view.queued
         if sample:
-            self._samples.append((now, demand))
-            horizon = now - self.launch.stable_window
-            while self._samples and self._samples[0][0] <= horizon:
-                self._samples.popleft()
+            self._stable.add(now, demand)
+            self._panic.add(now, demand)
         if demand > 0 or (self._requests is not None and view.requests != self._requests):
             self.last_activity = now
         self._requests = view.requests
@@ -300,8 +299,8 @@ class ServiceScaler:
 
     def _desired(self, now: float, view: ServiceView, demand: int) -> int:
         launch = self.launch
-        stable = _average(self._samples, now - launch.stable_window, demand)
-        panic = _average(self._samples, now - launch.panic_window, demand)
+        stable = self._stable.mean(now - launch.stable_window, demand)
+        panic = self._panic.mean(now - launch.panic_window, demand)
         stable_want = math.ceil(stable / launch.target_concurrency)
         panic_want = math.ceil(panic / launch.target_concurrency)
         ready = sum(1 for address in self.candidates if (seen := view.pods.get(address)) and seen.healthy)
@@ -416,10 +415,29 @@ def _drained_in(service: ServiceConfig, address: str) -> bool:
     return not any(p.address == address and not p.drain for p in service.pods)
 
 
-def _average(samples: Iterable[tuple[float, int]], since: float, current: int) -> float:
-    """The mean of the samples taken after ``since``; ``current`` when there is none."""
-    values = [value for at, value in samples if at > since]
-    return sum(values) / len(values) if values else float(current)
+class _Window:
+    """Concurrency samples over a sliding window, with their running total: the mean
+    costs O(1) amortized per sample (a scaler's step runs for every launched service
+    every second)."""
+
+    __slots__ = ("samples", "total")
+
+    def __init__(self) -> None:
+        self.samples: deque[tuple[float, int]] = deque()
+        # Invariant: the sum of the samples' values.
+        self.total = 0
+
+    def add(self, now: float, value: int) -> None:
+        self.samples.append((now, value))
+        self.total += value
+
+    def mean(self, since: float, current: int) -> float:
+        """The mean of the samples taken after ``since`` (older ones are dropped);
+        ``current`` when there is none."""
+        samples = self.samples
+        while samples and samples[0][0] <= since:
+            self.total -= samples.popleft()[1]
+        return self.total / len(samples) if samples else float(current)
 
 
 class Launches:
