@@ -3,7 +3,7 @@
 This module decides what a valid configuration is. ``parse_config`` takes plain data
 (dicts, lists, scalars, as a YAML parser returns them) plus a way to find the line of
 each key, and returns a frozen ``Config`` or raises ``ConfigError`` naming file, line
-and key. It never reads files itself (``activator.configfile`` does).
+and key. It never reads files itself (``activator.process.configfile`` does).
 
 Rules: unknown keys are errors at every level; integers are ints (not bools or floats);
 durations are seconds or strings with a unit (``250ms``, ``30s``, ``5m``, ``1h``);
@@ -30,8 +30,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import Field, dataclass, field, fields, is_dataclass
 from typing import Any, TypeVar
 
-from activator.core.errors import ConfigError
-from activator.core.h2budgets import H2Budgets
+from .errors import ConfigError
+from .h2budgets import H2Budgets
 
 LB_POLICIES = ("auto", "first-available", "round-robin", "least-in-flight")
 _OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
