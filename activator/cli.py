@@ -254,24 +254,23 @@ def watch_status(admin: str, interval: float, as_json: bool) -> int:
     return 0
 
 
-def _port(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
-    if not 1 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"must be 1..65535, got {text}")
-    return value
+def _bounded(convert: type[int] | type[float], what: str, low: float, high: float, unit: str = "") -> Any:
+    """An argparse ``type``: ``text`` converted, within ``low..high``, else a clear error."""
+
+    def parse(text: str) -> int | float:
+        try:
+            value = convert(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not {what}: {text!r}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be {low:g}..{high:g}{unit}, got {text}")
+        return value
+
+    return parse
 
 
-def _interval(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not 0.1 <= value <= 3600:
-        raise argparse.ArgumentTypeError(f"must be 0.1..3600 seconds, got {text}")
-    return value
+_port = _bounded(int, "a port number", 1, 65535)
+_interval = _bounded(float, "a number of seconds", 0.1, 3600, " seconds")
 
 
 def parser() -> argparse.ArgumentParser:

@@ -538,14 +538,7 @@ class _Parser:
 
     def statsd(self, value: object, path: KeyPath) -> StatsdConfig:
         m = self.section(value, path, _STATSD_KEYS)
-        prefix = StatsdConfig.prefix
-        if m.has("prefix"):
-            prefix = self.name(
-                m.get("prefix"),
-                m.path("prefix"),
-                _STATSD_PREFIX,
-                "dot-separated words of A-Z a-z 0-9 _ -",
-            )
+        prefix = m.name("prefix", StatsdConfig.prefix, _STATSD_PREFIX, "dot-separated words of A-Z a-z 0-9 _ -")
         return StatsdConfig(
             address=self.address(m.required("address"), m.path("address")),
             prefix=prefix,
@@ -739,14 +732,7 @@ class _Parser:
     def probe(self, value: object, path: KeyPath) -> ProbeConfig:
         m = self.section(value, path, _PROBE_KEYS)
         d = ProbeConfig()
-        probe_path = d.path
-        if m.has("path"):
-            probe_path = self.name(
-                m.get("path"),
-                m.path("path"),
-                _PROBE_PATH,
-                "a URL path starting with / (no spaces)",
-            )
+        probe_path = m.name("path", d.path, _PROBE_PATH, "a URL path starting with / (no spaces)")
         return ProbeConfig(
             path=probe_path,
             interval=m.duration("interval", d.interval, positive=True),
@@ -826,6 +812,11 @@ class _Section:
         if key not in self.mapping:
             return default
         return self.parser.boolean(self.mapping[key], self.path(key))
+
+    def name(self, key: str, default: str, pattern: re.Pattern[str], what: str) -> str:
+        if key not in self.mapping:
+            return default
+        return self.parser.name(self.mapping[key], self.path(key), pattern, what)
 
     def duration(self, key: str, default: float, *, positive: bool = False) -> float:
         """``positive``: zero makes no sense (a timeout of zero could never be met)."""
