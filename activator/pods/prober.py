@@ -30,12 +30,14 @@ from collections.abc import Callable
 
 import gevent
 
-from .core.config import ProbeConfig
-from .core.errors import UpstreamBodyError, UpstreamConnectError, UpstreamTimeout
-from .core.events import ProbeReport
-from .core.failures import FailureKind
-from .core.heads import BodyFraming
-from .core.probes import (
+from ..base.exchange import PodRequest
+from ..base.writer import TopologyWriter
+from ..core.config import ProbeConfig
+from ..core.errors import UpstreamBodyError, UpstreamConnectError, UpstreamTimeout
+from ..core.events import ProbeReport
+from ..core.failures import FailureKind
+from ..core.heads import BodyFraming
+from ..core.probes import (
     GRPC_HEALTH_PATH,
     GRPC_HEALTH_REQUEST,
     ProbeOutcome,
@@ -45,12 +47,10 @@ from .core.probes import (
     probe_due,
     probed,
 )
-from .core.timeouts import Timeouts
-from .core.topology import Topology
-from .exchange import PodRequest
-from .pods import H2C, HTTP1, PodClient, make_client
-from .upstream import FixedBody
-from .writer import TopologyWriter
+from ..core.timeouts import Timeouts
+from ..core.topology import Topology
+from .clients import H2C, HTTP1, PodClient, make_client
+from .http1 import FixedBody
 
 PROBE_HEADERS = [(b"User-Agent", b"activator-probe"), (b"Accept", b"*/*")]
 #: How often a booting pod (started by the launcher, not ready yet) is probed, whatever its
@@ -66,7 +66,7 @@ class Prober:
         self.topology = topology
         self.writer = writer
         self._greenlets: dict[tuple[str, str], gevent.Greenlet] = {}
-        #: Whether (service, pod) is booting (``launcher.Launching.booting``): probed
+        #: Whether (service, pod) is booting (``process.launcher.Launching.booting``): probed
         #: every ``BOOT_PROBE_INTERVAL`` then.
         self.booting: Callable[[str, str], bool] = lambda service, address: False
 

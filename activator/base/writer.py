@@ -15,7 +15,7 @@ What this module decides:
   change is logged and counted once, and when pod states changed, the probes are synced
   (started for newly probed pods, stopped for the others). Request greenlets use
   the same actor for what their ``release`` hands over.
-- **Launched pods** (``launcher.Launching``): the launcher's decisions are made in the
+- **Launched pods** (``process.launcher.Launching``): the launcher's decisions are made in the
   writer's steps too, after each new config, at each tick, and on its own events
   (``LaunchCheck``, ``PodEnded``); what they change in the topology (a pod drained
   before its stop, waiters given up) is acted on like any other effects.
@@ -32,12 +32,12 @@ import gevent
 from gevent.event import Event as Flag
 from gevent.queue import Empty, Queue
 
-from .core.autoscale import LaunchCheck, LaunchEvent, PodEnded
-from .core.config import Config
-from .core.events import ConfigChanged, Event, ProbeReport, Tick
-from .core.probes import Verdict
-from .core.throttler import Effects, Grant, ServiceThrottler, Transition
-from .core.topology import Topology
+from ..core.autoscale import LaunchCheck, LaunchEvent, PodEnded
+from ..core.config import Config
+from ..core.events import ConfigChanged, Event, ProbeReport, Tick
+from ..core.probes import Verdict
+from ..core.throttler import Effects, Grant, ServiceThrottler, Transition
+from ..core.topology import Topology
 
 log = logging.getLogger("activator")
 
@@ -46,7 +46,7 @@ TICK_SECONDS = 0.5
 
 
 class LaunchHandler(Protocol):
-    """Launched pods' decisions (``launcher.Launching``), made in the writer's steps."""
+    """Launched pods' decisions (``process.launcher.Launching``), made in the writer's steps."""
 
     def configure(self, config: Config, now: float) -> Effects: ...
     def step(self, now: float, sample: bool | None = None) -> Effects: ...
@@ -102,7 +102,7 @@ class TopologyWriter:
         #: configuration the runtime swaps the settings that live outside the topology).
         self.on_applied = on_applied
         self.tick = tick
-        #: Launched pods (``launcher.Launching``): decided in the writer's steps too.
+        #: Launched pods (``process.launcher.Launching``): decided in the writer's steps too.
         self.launching: LaunchHandler | None = None
         self._events: Queue[tuple[Event | LaunchEvent, Flag | None]] = Queue()
         self._greenlet: gevent.Greenlet | None = None

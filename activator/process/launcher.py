@@ -3,7 +3,7 @@
 What this module decides:
 
 - **Where decisions are made.** ``Launching`` lives inside the topology writer's steps
-  (``writer.TopologyWriter``): after each new config (``configure``), at each writer
+  (``base.writer.TopologyWriter``): after each new config (``configure``), at each writer
   tick (``step``; the concurrency is sampled once a second), on ``LaunchCheck`` (a
   request queued for a launched service that has no usable slot: a cold start must
   not wait for the next tick) and on ``PodEnded`` (a pod's process ended). It reads the
@@ -36,12 +36,12 @@ import gevent
 import gevent.event
 import gevent.subprocess
 
-from .core.autoscale import Action, LaunchEffect, Launches, LaunchEvent, PodEnded, PodView, ServiceView
-from .core.config import Config, LaunchConfig, PodConfig, fill_launch_template
-from .core.errors import ColdStartFailed
-from .core.states import PodState
-from .core.throttler import NO_EFFECTS, Effects, EffectsCollector
-from .core.topology import Topology
+from ..core.autoscale import Action, LaunchEffect, Launches, LaunchEvent, PodEnded, PodView, ServiceView
+from ..core.config import Config, LaunchConfig, PodConfig, fill_launch_template
+from ..core.errors import ColdStartFailed
+from ..core.states import PodState
+from ..core.throttler import NO_EFFECTS, Effects, EffectsCollector
+from ..core.topology import Topology
 
 log = logging.getLogger("activator")
 
