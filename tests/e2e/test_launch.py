@@ -10,8 +10,10 @@ generous deadlines and never assert a duration.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import stat
+import subprocess
 import sys
 import threading
 import time
@@ -325,3 +327,74 @@ def test_launches_show_in_status_metrics_statsd_the_cli_and_the_page(pods, activ
     assert "launch: desired=1 (0..1)  running=1  starting=0  cold_starts=1" in table.stdout
     page = act.admin_get("/").text
     assert "launch: desired <b>1</b>" in page
+
+
+# -- several activators ------------------------------------------------------------------------
+
+
+def test_with_two_activators_only_the_pod_s_owner_launches_it_and_the_other_uses_it(pods, activator_factory):
+    from activator.core.autoscale import launch_owner
+
+    group = pods(1)
+    address = group.addresses[0]
+    names = ["a", "b"]
+    owner = launch_owner(address, names)
+    other = next(name for name in names if name != owner)
+    listen = dict(zip(names, [f"127.0.0.1:{port}" for port in free_ports(2)], strict=True))
+    service = launched(group, cc=2)["services"][SERVICE]
+    acts: dict[str, Activator] = {}
+    for name in names:
+        config = {
+            "listen": listen[name],
+            "access_log": False,
+            "activators": {"self": name, "peers": listen, "secret": "the-fleets-shared-secret"},
+            "services": {SERVICE: service},
+        }
+        acts[name] = activator_factory(config, start=False)
+    for act in acts.values():
+        act.start(wait_ready=False)
+    for act in acts.values():
+        act.wait_ready()
+        act.wait_for(lambda st: all(h["state"] == "up" for h in st["activator"]["health"].values()), message="peers up")
+    assert launch_status(acts[other].status())["max"] == 0  # it may launch none of them
+    assert request(acts[owner].listen, path="/delay?ms=1", timeout=60).status == 200
+    assert launch_status(acts[owner].status())["started"] == 1
+    acts[other].wait_pod_state(SERVICE, address, "healthy")  # seen through its own probes
+    response = request(acts[other].listen, path="/delay?ms=1", timeout=60)
+    assert response.status == 200 and response.headers["X-Pod"] == address
+    status = launch_status(acts[other].status())
+    assert status["started"] == 0 and status["pods"][address] == "stopped"
+    assert group.running(group.ports[0])
+
+
+SYSTEMD_RUNS = Path("/run/systemd/system").is_dir() and os.geteuid() == 0 and shutil.which("systemctl") is not None
+
+
+@pytest.mark.skipif(not SYSTEMD_RUNS, reason="systemd is not PID 1 here (or not root): no real unit can be started")
+def test_a_real_systemd_template_unit_is_started_then_stopped_when_idle(pods, activator_factory):
+    """Where systemd runs (as root): a template unit under /run/systemd/system runs the
+    backend on the instance's port; activator starts it with ``systemctl start`` and
+    stops it after ``scale_to_zero_after``. Not run where this was written (no systemd)."""
+    group = pods(1)
+    name = f"activator-test-{os.getpid()}"
+    template = Path("/run/systemd/system") / f"{name}@.service"
+    template.write_text(f"[Service]\nType=exec\nExecStart={sys.executable} {BACKEND} --port %i\n")
+    subprocess.run(["systemctl", "daemon-reload"], check=True, timeout=60)
+    unit = f"{name}@{group.ports[0]}.service"
+    try:
+        config = launched(group, stable_window="1s", scale_to_zero_after="2s")
+        launch = config["services"][SERVICE]["launch"]
+        del launch["command"]
+        launch["systemd_unit"] = f"{name}@{{port}}.service"
+        act: Activator = activator_factory(config)
+        assert request(act.listen, path="/delay?ms=1", timeout=60).status == 200
+        assert subprocess.run(["systemctl", "is-active", "--quiet", unit], timeout=60).returncode == 0
+        act.wait_for(lambda st: launch_status(st)["pods"][group.addresses[0]] == "stopped", timeout=60)
+        wait_until(
+            lambda: subprocess.run(["systemctl", "is-active", "--quiet", unit], timeout=60).returncode != 0,
+            message=f"{unit} stopped",
+        )
+    finally:
+        subprocess.run(["systemctl", "stop", unit], timeout=60)
+        template.unlink()
+        subprocess.run(["systemctl", "daemon-reload"], timeout=60)
