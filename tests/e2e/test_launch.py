@@ -49,13 +49,18 @@ class Pods:
         self.ports = free_ports(count)
         self.addresses = [f"127.0.0.1:{port}" for port in self.ports]
 
-    def command(self, fail_ports: tuple[int, ...] = (), boot_delay: float = 0) -> list[str]:
+    def command(
+        self, fail_ports: tuple[int, ...] = (), boot_delay: float = 0, unready_ports: tuple[int, ...] = ()
+    ) -> list[str]:
         """``sh -c``: write the pid, exit 3 for a port in ``fail_ports``, else (after
-        ``boot_delay`` seconds: a slow model server) become the backend."""
+        ``boot_delay`` seconds: a slow model server) become the backend, whose /healthz
+        answers 503 for a port in ``unready_ports`` (it runs, it never gets ready)."""
         failing = " ".join(str(port) for port in fail_ports) or "none"
+        unready = " ".join(str(port) for port in unready_ports) or "none"
         script = (
             f'echo $$ > {self.dir}/pod-$0.pid; for bad in {failing}; do [ "$0" = "$bad" ] && exit 3; done; '
-            f"sleep {boot_delay}; exec {sys.executable} {BACKEND} --port $0"
+            f'health=""; for sick in {unready}; do [ "$0" = "$sick" ] && health=--fail-health; done; '
+            f"sleep {boot_delay}; exec {sys.executable} {BACKEND} --port $0 $health"
         )
         return ["/bin/sh", "-c", script, "{port}"]
 
@@ -104,7 +109,13 @@ def pods(tmp_path: Path) -> Iterator[Any]:
 
 
 def launched(
-    pods: Pods, *, fail_ports: tuple[int, ...] = (), boot_delay: float = 0, cc: int = 1, **launch: Any
+    pods: Pods,
+    *,
+    fail_ports: tuple[int, ...] = (),
+    unready_ports: tuple[int, ...] = (),
+    boot_delay: float = 0,
+    cc: int = 1,
+    **launch: Any,
 ) -> dict[str, Any]:
     settings = {"stable_window": "2s", "scale_to_zero_after": "1h", "cold_start_timeout": "20s", **launch}
     return make_config(
@@ -112,7 +123,7 @@ def launched(
         container_concurrency=cc,
         probe=probe_config("100ms"),
         queue_timeout="60s",
-        launch={"command": pods.command(fail_ports, boot_delay), **settings},
+        launch={"command": pods.command(fail_ports, boot_delay, unready_ports), **settings},
         top={"grace_period": "5s"},
     )
 
@@ -200,6 +211,19 @@ def test_a_pod_that_exits_at_once_is_counted_and_the_next_candidate_serves(pods,
     status = launch_status(act.status())
     assert status["failed"] == 1 and status["cold_starts"] == 1
     assert "launch failed" in act.output_tail(20000)
+
+
+def test_a_pod_that_never_gets_ready_is_stopped_after_cold_start_timeout_and_the_next_serves(pods, activator_factory):
+    group = pods(2)
+    config = launched(group, unready_ports=(group.ports[0],), cold_start_timeout="2s")
+    act: Activator = activator_factory(config)
+    response = request(act.listen, path="/delay?ms=1", timeout=60)
+    assert response.status == 200
+    assert response.headers["X-Pod"] == group.addresses[1]
+    status = launch_status(act.status())
+    assert status["failed"] == 1 and status["pods"][group.addresses[0]] in ("stopping", "stopped")
+    wait_until(lambda: not group.running(group.ports[0]), message="the pod that never got ready was stopped")
+    assert "not ready after cold_start_timeout" in act.output_tail(20000)
 
 
 def test_when_no_candidate_comes_up_the_waiters_get_503_cold_start_failed(pods, activator_factory):
