@@ -217,7 +217,9 @@ class Launching:
         """A launch event, in the writer's step. Does not yield."""
         if isinstance(event, PodEnded):
             process = self.processes.get((event.service, event.address))
-            if process is not None and process.ended:
+            if process is not None and not process.ended:
+                return NO_EFFECTS  # an earlier process's end: the pod's current one runs
+            if process is not None:
                 del self.processes[(event.service, event.address)]
                 level = logging.INFO if process.stopping else logging.WARNING
                 log.log(level, "pod %s (service %s) ended: %s", event.address, event.service, event.detail)
