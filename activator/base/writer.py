@@ -51,6 +51,7 @@ class LaunchHandler(Protocol):
     def configure(self, config: Config, now: float) -> Effects: ...
     def step(self, now: float, sample: bool | None = None) -> Effects: ...
     def handle(self, event: LaunchEvent, now: float) -> Effects: ...
+    def probed(self, service: str, address: str, now: float) -> Effects: ...
 
 
 class TransitionSink(Protocol):
@@ -135,7 +136,7 @@ class TopologyWriter:
             elif isinstance(event, Tick):
                 self.actor.act(launching.step(now))
             elif isinstance(event, ProbeReport) and event.verdict is Verdict.PASS:  # a booting pod may be ready
-                self.actor.act(launching.step(now, sample=False))
+                self.actor.act(launching.probed(event.service, event.address, now))
 
     def _run(self) -> None:
         next_tick = time.monotonic() + self.tick

@@ -87,8 +87,10 @@ class LaunchEffect:
 
 @dataclass(frozen=True)
 class LaunchCheck:
-    """Shell event: a request queued for a launched service that has no usable slot
+    """Shell event: a request queued for ``service``, launched, which has no usable slot
     (a cold start must not wait for the next tick)."""
+
+    service: str
 
 
 @dataclass(frozen=True)

@@ -4,9 +4,10 @@ What this module decides:
 
 - **Where decisions are made.** ``Launching`` lives inside the topology writer's steps
   (``base.writer.TopologyWriter``): after each new config (``configure``), at each writer
-  tick (``step``; the concurrency is sampled once a second), on ``LaunchCheck`` (a
-  request queued for a launched service that has no usable slot: a cold start must
-  not wait for the next tick) and on ``PodEnded`` (a pod's process ended). It reads the
+  tick (``step``; the concurrency is sampled once a second), and for one service only on
+  ``LaunchCheck`` (a request queued for a launched service that has no usable slot: a
+  cold start must not wait for the next tick), on ``PodEnded`` (a pod's process ended)
+  and when a booting pod's probe passes (``probed``). It reads the
   throttlers, calls the core, and applies the parts that change the topology at once
   (a pod drained or wanted again: ``ServiceThrottler.park``; waiters given up:
   ``refuse_waiters`` with 503 ``cold-start-failed``), returning their ``Effects`` to the
@@ -29,7 +30,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import IO, Any, Protocol
 
 import gevent
@@ -224,8 +225,8 @@ class Launching:
                 level = logging.INFO if process.stopping else logging.WARNING
                 log.log(level, "pod %s (service %s) ended: %s", event.address, event.service, event.detail)
             effects = self._act(self.launches.ended(event.service, event.address, now, event.detail), now)
-            return _combine(effects, self.step(now, sample=False))
-        return self.step(now, sample=False)
+            return _combine(effects, self._step((event.service,), now, False))
+        return self._step((event.service,), now, False)
 
     def step(self, now: float, sample: bool | None = None) -> Effects:
         """Observe every launched service and act. ``sample`` None: once a second. Does not yield."""
@@ -235,10 +236,19 @@ class Launching:
             sample = now >= self._next_sample
             if sample:
                 self._next_sample = now + SAMPLE_SECONDS
+        return self._step(self.launches.services, now, sample)
+
+    def probed(self, service: str, address: str, now: float) -> Effects:
+        """A probe passed: a booting pod may be ready (only then is its service looked
+        at: healthy pods pass a probe every interval). Does not yield."""
+        return self._step((service,), now, False) if self.booting(service, address) else NO_EFFECTS
+
+    def _step(self, names: Iterable[str], now: float, sample: bool) -> Effects:
+        """Observe these launched services and act on the decisions."""
         views = {}
-        for name in self.launches.services:
+        for name in names:
             throttler = self.topology.services.get(name)
-            if throttler is None:
+            if throttler is None or name not in self.launches.services:
                 continue
             pods = {
                 address: PodView(tracker.state is PodState.HEALTHY, tracker.in_flight, tracker.last_probe is not None)

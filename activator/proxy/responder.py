@@ -362,7 +362,7 @@ class Proxy:
             if deadline is not None:
                 wait = min(wait, deadline - now)
             if config.launch is not None and throttler.capacity == 0:
-                self.writer.post(LaunchCheck())  # a cold start begins now, not at the next tick
+                self.writer.post(LaunchCheck(throttler.name))  # a cold start begins now, not at the next tick
             share = exchange.queue_share
             if share is not None and not share.enter(throttler.name, config.queue_depth):
                 raise QueueFull("this client connection holds its share of the queue already")

@@ -88,14 +88,14 @@ def scene() -> Iterator[Scene]:
 def test_a_queued_request_starts_a_pod_in_the_writer_s_step_without_switching(scene: Scene) -> None:
     scene.queue()
     with no_switch("TopologyWriter.apply(LaunchCheck)"):
-        scene.writer.apply(LaunchCheck())
+        scene.writer.apply(LaunchCheck("api"))
     assert scene.actions() == [(Action.START, A)]
     assert ("api", A) in scene.launching.processes  # its greenlet is scheduled, not run
 
 
 def test_a_pod_no_longer_wanted_is_drained_in_the_writer_s_step_without_switching(scene: Scene) -> None:
     grant_waiter = scene.queue()
-    scene.writer.apply(LaunchCheck())
+    scene.writer.apply(LaunchCheck("api"))
     scene.writer.apply(ProbeReport("api", A, Verdict.PASS))  # ready: the waiter gets its slot
     assert grant_waiter.token.is_set() and grant_waiter.grant is not None
     assert (Action.READY, A) in scene.actions()
@@ -114,7 +114,7 @@ def test_a_pod_no_longer_wanted_is_drained_in_the_writer_s_step_without_switchin
 
 def test_a_failed_cold_start_gives_the_waiters_up_in_the_writer_s_step_without_switching(scene: Scene) -> None:
     waiter = scene.queue()
-    scene.writer.apply(LaunchCheck())
+    scene.writer.apply(LaunchCheck("api"))
     process = scene.launching.processes[("api", A)]
     assert process.wait(timeout=10)  # /bin/true ended before it was ready
     ended = scene.posted[-1]
