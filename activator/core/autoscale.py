@@ -153,7 +153,6 @@ class ServiceScaler:
         self.name = service.name
         self.launch: LaunchConfig = service.launch
         self.drain_timeout = service.drain_timeout
-        self.owned = owned
         # Invariant: every listed pod has an entry; entries of unlisted pods linger only
         # while they are ours and not yet stopped.
         self.pods: dict[str, _Pod] = {}
@@ -188,7 +187,6 @@ class ServiceScaler:
         assert service.launch is not None
         self.launch = service.launch
         self.drain_timeout = service.drain_timeout
-        self.owned = owned
         self.candidates = tuple(p.address for p in service.pods if not p.drain and owned(p.address))
         self.listed = frozenset(p.address for p in service.pods)
         wanted = {p.address for p in service.pods if not p.drain}
@@ -400,8 +398,8 @@ class ServiceScaler:
         for address, pod in self.pods.items():
             if pod.parked and pod.state not in (Launch.DRAINING, Launch.STOPPING):
                 raise AssertionError(f"{self.name}: {address} drained by us but {pod.state.value}")
-            if pod.state is Launch.STARTING and address not in self.candidates:
-                raise AssertionError(f"{self.name}: {address} booting but not a candidate")
+            if pod.state is Launch.RUNNING and address not in self.listed:
+                raise AssertionError(f"{self.name}: {address} unlisted but running, not draining")
 
 
 def _probed(view: ServiceView, address: str) -> bool:
