@@ -4,6 +4,8 @@ waiters given up with an answer (``refuse_waiters``). Tables, no sockets."""
 from __future__ import annotations
 
 from builders import pod, svc
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from activator.core.config import ProbeConfig
 from activator.core.errors import ColdStartFailed
@@ -68,3 +70,55 @@ def test_refused_waiters_leave_the_queue_in_order_with_their_answer() -> None:
     assert all(isinstance(w, Waiter) and w.refusal is refusal and w.grant is None for w in effects.woken)
     assert throttler.queued == 0
     throttler.check_invariants()
+
+
+# -- random sequences: parking among everything else the throttler sees ---------------------
+
+OPS = st.lists(
+    st.tuples(
+        st.sampled_from(["park", "unpark", "list", "drain", "unlist", "acquire", "release", "pass", "fail", "tick"]),
+        st.sampled_from([A, B]),
+    ),
+    max_size=60,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(ops=OPS)
+def test_parking_among_file_changes_probes_and_requests_keeps_every_invariant(ops: list[tuple[str, str]]) -> None:
+    """After any sequence, the throttler's invariants hold, a parked pod never takes a new
+    request, and a pod the file wants that is not parked is wanted (pending or healthy)."""
+    listing = {A: "active", B: "active"}
+    throttler = ServiceThrottler(svc(A, B, cc=1, probe=ProbeConfig(), drain_timeout=5.0), 0.0)
+    grants: list[Grant] = []
+    now = 0.0
+    for op, address in ops:
+        now += 1.0
+        tracker = throttler.trackers.get(address)
+        if op in ("park", "unpark"):
+            throttler.park(address, op == "park", now, op)
+        elif op in ("list", "drain", "unlist"):
+            listing[address] = {"list": "active", "drain": "drained", "unlist": "absent"}[op]
+            pods = [pod(a, drain=state == "drained") for a, state in listing.items() if state != "absent"]
+            throttler.apply(svc(*pods, cc=1, probe=ProbeConfig(), drain_timeout=5.0), now)
+        elif op == "acquire":
+            got = throttler.acquire(now)
+            if isinstance(got, Grant):
+                assert not got.pod.parked, "a parked pod took a new request"
+                grants.append(got)
+            else:
+                throttler.abandon(got)
+        elif op == "release" and grants:
+            throttler.release(grants.pop(0), now)
+        elif op in ("pass", "fail") and tracker is not None:
+            throttler.probe_result(address, Verdict.PASS if op == "pass" else Verdict.FAIL, now)
+        elif op == "tick":
+            throttler.tick(now)
+        throttler.check_invariants()
+        for t in throttler.trackers.values():
+            if t.listed and not t.drain and not t.parked:
+                assert t.state in (PodState.PENDING, PodState.HEALTHY), (t.address, t.state)
+    for grant in grants:
+        throttler.release(grant, now)
+    throttler.check_invariants()
+    assert throttler.in_flight == 0
