@@ -37,9 +37,12 @@ def launched(*pods: str, **launch: object) -> object:
 class World:
     """The pods and the demand as the shell would show them to the scaler."""
 
-    def __init__(self, scaler: ServiceScaler, boot: float = 1.0) -> None:
+    def __init__(self, scaler: ServiceScaler, boot: float = 1.0, slow_stops: bool = False) -> None:
         self.scaler = scaler
         self.boot = boot
+        #: A stopped pod's process ends only at ``reap`` (a grace period), not at once.
+        self.slow_stops = slow_stops
+        self.stopping: set[str] = set()
         self.now = 0.0
         self.in_flight = 0
         self.queued = 0
@@ -86,14 +89,24 @@ class World:
                 if seen is not None and seen.healthy:
                     assert effect.pod in self.drained, "stopped a serving pod without draining it"
                     assert seen.in_flight == 0, "stopped a pod with requests in flight"
-                self.running.discard(effect.pod)
                 self.healthy.pop(effect.pod, None)
-                self.act(self.scaler.ended(effect.pod, self.now, "stopped"))
+                if self.slow_stops:
+                    self.stopping.add(effect.pod)
+                else:
+                    self.running.discard(effect.pod)
+                    self.act(self.scaler.ended(effect.pod, self.now, "stopped"))
             elif effect.action is Action.UNDRAIN:
                 self.drained.discard(effect.pod)
             elif effect.action is Action.REFUSE_WAITERS:
                 self.refused += self.queued
                 self.queued = 0
+
+    def reap(self) -> None:
+        """The stopped pods' processes end."""
+        for address in sorted(self.stopping):
+            self.stopping.discard(address)
+            self.running.discard(address)
+            self.act(self.scaler.ended(address, self.now, "stopped"))
 
     def serving(self) -> set[str]:
         return {a for a in self.running if self.healthy.get(a, 1e99) <= self.now}
@@ -362,7 +375,7 @@ def test_with_several_activators_each_pod_has_one_launcher() -> None:
 
 moves = st.lists(
     st.tuples(
-        st.sampled_from(["tick"] * 6 + ["event", "demand", "demand", "exit"]),  # exits are rare
+        st.sampled_from(["tick"] * 6 + ["event", "demand", "demand", "exit", "reap"]),  # exits are rare
         st.integers(0, 8),
         st.integers(0, 2),
     ),
@@ -378,9 +391,10 @@ moves = st.lists(
     maximum=st.integers(2, 3),
     boot=st.sampled_from([0.5, 3.0, 1e9]),
     external=st.booleans(),
+    slow_stops=st.booleans(),
 )
 def test_properties_over_random_demand_boots_and_exits(
-    steps: list[tuple[str, int, int]], minimum: int, maximum: int, boot: float, external: bool
+    steps: list[tuple[str, int, int]], minimum: int, maximum: int, boot: float, external: bool, slow_stops: bool
 ) -> None:
     """Never above max (of the pods it runs), never below min except while booting or
     after failures, never stops a pod it did not start, never stops a serving pod
@@ -395,6 +409,7 @@ def test_properties_over_random_demand_boots_and_exits(
             cold_start_timeout=5.0,
         ),
         boot=boot,
+        slow_stops=slow_stops,
     )
     if external:
         world.running.add(PODS[2])
@@ -406,9 +421,11 @@ def test_properties_over_random_demand_boots_and_exits(
             world.requests += demand
             world.pod_in_flight = {a: 1 for a in list(world.serving())[: world.in_flight]}
             world.step(0.01, sample=False)
+        elif kind == "reap":
+            world.reap()
         elif kind == "exit":
             address = PODS[which]
-            if address in world.started_by_us and address in world.running:
+            if address in world.started_by_us and address in world.running and address not in world.stopping:
                 world.running.discard(address)
                 world.healthy.pop(address, None)
                 world.act(world.scaler.ended(address, world.now, "exited"))
@@ -418,7 +435,7 @@ def test_properties_over_random_demand_boots_and_exits(
         assert len(ours) <= maximum
         busy = any(p.state in (Launch.STARTING, Launch.STOPPING) for p in world.scaler.pods.values())
         failures = world.scaler.failed > 0
-        if not busy and not failures and boot < 1e9 and kind != "exit":  # a step follows an exit
+        if not busy and not failures and boot < 1e9 and kind not in ("exit", "reap"):  # a step follows them
             assert len(world.serving() | ours) >= minimum
 
 
