@@ -442,7 +442,8 @@ def _h2_costs(ctx: c.Ctx, sec: Section, cpu: dict[str, float]) -> None:
     sec.tables.append(
         Table(
             f"(d) what `h2` itself costs per exchange: an in-memory pair of `H2Connection`s, no sockets, one "
-            f"connection, {seconds:g} s per row on cpu0; us per exchange (CPU of the calls: perf_counter around them)",
+            f"connection, {seconds:g} s per row on cpu0; us of CPU per exchange (the thread's CPU time around the "
+            "calls of each role)",
             [
                 "exchange",
                 "h2 configuration",
@@ -455,18 +456,22 @@ def _h2_costs(ctx: c.Ctx, sec: Section, cpu: dict[str, float]) -> None:
         )
     )
     lean = {r["shape"]: r["server_us"] + r["client_us"] for r in res["rows"] if r["config"] == "activator's"}
+    crowded = lean.get(f"GET, 5-byte answer, {OPEN_ALONGSIDE} other streams open", float("nan"))
     get, grpc = lean.get("GET, 5-byte answer", float("nan")), lean.get("gRPC unary", float("nan"))
     sec.headline.append(
         f"h2 itself (activator's configuration, both roles) per proxied request: {get:.0f} us for a GET, {grpc:.0f} "
         f"us for a gRPC unary call; activator's whole CPU per request in (a): {cpu['h2c_h2pod']:.0f} us (h2c pod, "
         f"{H2_M10}), {cpu['grpc']:.0f} us (gRPC) — the h2 lower bound is {_ratio(get, cpu['h2c_h2pod']) * 100:.0f}% "
-        f"and {_ratio(grpc, cpu['grpc']) * 100:.0f}% of them"
+        f"and {_ratio(grpc, cpu['grpc']) * 100:.0f}% of them; a GET with {OPEN_ALONGSIDE} other streams open on the "
+        f"connection: {crowded:.0f} us"
     )
     sec.notes.append(
         "(d) one exchange: the client role sends HEADERS (and the request's DATA), `data_to_send`; the server role "
         "takes them (`receive_data`, acknowledging DATA), sends HEADERS, DATA (and trailers), `data_to_send`; the "
         "client role takes the answer and acknowledges its DATA, and the server role takes that WINDOW_UPDATE. "
-        "Every exchange on one connection (HPACK's dynamic table hot, as on a long-lived connection); activator's "
+        "Every exchange on one connection (HPACK's dynamic table hot, as on a long-lived connection); in the last "
+        f"shape {OPEN_ALONGSIDE} requests were opened first and never ended, so every new stream is counted among "
+        "them (`h2` counts the open streams by walking all of them at each new stream, `_open_streams`). activator's "
         "configurations are `activator/http2.py`'s and `activator/upstream_h2.py`'s (`_H2_CONFIG`: no header "
         "validation or normalization where `core.heads` checks the fields)."
     )
@@ -510,10 +515,8 @@ _GRPC = (
 
 
 def _h2_exchange(args: argparse.Namespace) -> dict[str, Any]:
-    """(d), in this process: us per exchange for each shape and configuration."""
+    """(d), in this process: us of CPU per exchange for each shape and configuration."""
     import h2.config
-    import h2.connection
-    import h2.events
 
     from activator import http2, upstream_h2
 
@@ -525,51 +528,13 @@ def _h2_exchange(args: argparse.Namespace) -> dict[str, Any]:
         "activator's": (http2._H2_CONFIG, upstream_h2._H2_CONFIG),
     }
     rows = []
-    for shape, (req_fields, req_body, resp_fields, resp_body, trailers) in (
-        ("GET, 5-byte answer", _GET),
-        ("gRPC unary", _GRPC),
+    for shape, exchange, others in (
+        ("GET, 5-byte answer", _GET, 0),
+        ("gRPC unary", _GRPC, 0),
+        (f"GET, 5-byte answer, {OPEN_ALONGSIDE} other streams open", _GET, OPEN_ALONGSIDE),
     ):
         for config_name, (server_config, client_config) in configs.items():
-            server = h2.connection.H2Connection(server_config)
-            client = h2.connection.H2Connection(client_config)
-            client.initiate_connection()
-            server.initiate_connection()
-            server.receive_data(client.data_to_send())
-            client.receive_data(server.data_to_send())
-            server.receive_data(client.data_to_send())
-            clock = time.perf_counter
-            in_server = in_client = 0.0
-            done = 0
-            end = clock() + args.seconds
-            while clock() < end:
-                for _ in range(50):
-                    t0 = clock()
-                    sid = client.get_next_available_stream_id()
-                    client.send_headers(sid, req_fields, end_stream=not req_body)
-                    if req_body:
-                        client.send_data(sid, req_body, end_stream=True)
-                    out = client.data_to_send()
-                    t1 = clock()
-                    for event in server.receive_data(out):
-                        if isinstance(event, h2.events.DataReceived):
-                            server.acknowledge_received_data(event.flow_controlled_length, sid)
-                    server.send_headers(sid, resp_fields)
-                    server.send_data(sid, resp_body, end_stream=not trailers)
-                    if trailers:
-                        server.send_headers(sid, trailers, end_stream=True)
-                    back = server.data_to_send()
-                    t2 = clock()
-                    for event in client.receive_data(back):
-                        if isinstance(event, h2.events.DataReceived):
-                            client.acknowledge_received_data(event.flow_controlled_length, sid)
-                    ack = client.data_to_send()
-                    t3 = clock()
-                    server.receive_data(ack)
-                    server.data_to_send()
-                    t4 = clock()
-                    in_client += (t1 - t0) + (t3 - t2)
-                    in_server += (t2 - t1) + (t4 - t3)
-                done += 50
+            done, in_server, in_client = _exchanges(server_config, client_config, exchange, others, args.seconds)
             rows.append(
                 {
                     "shape": shape,
@@ -580,6 +545,68 @@ def _h2_exchange(args: argparse.Namespace) -> dict[str, Any]:
                 }
             )
     return {"rows": rows}
+
+
+#: (d): the streams left open beside the exchanges in the last shape (as under h2load -c50 -m10
+#: on activator's one pod connection).
+OPEN_ALONGSIDE = 500
+
+
+def _exchanges(
+    server_config: Any, client_config: Any, exchange: tuple[Any, ...], others: int, seconds: float
+) -> tuple[int, float, float]:
+    """Exchanges on one in-memory connection pair for ``seconds``: how many, and the CPU
+    seconds (this thread's) spent in the server role's and in the client role's calls."""
+    import h2.connection
+    import h2.events
+    from h2.settings import SettingCodes
+
+    req_fields, req_body, resp_fields, resp_body, trailers = exchange
+    server = h2.connection.H2Connection(server_config)
+    client = h2.connection.H2Connection(client_config)
+    client.initiate_connection()
+    server.initiate_connection()
+    server.update_settings({SettingCodes.MAX_CONCURRENT_STREAMS: 2**31 - 1})
+    for _ in range(3):  # prefaces, SETTINGS and their acks
+        server.receive_data(client.data_to_send())
+        client.receive_data(server.data_to_send())
+    for _ in range(others):  # requests whose body never ends: open on both sides
+        client.send_headers(client.get_next_available_stream_id(), req_fields)
+    server.receive_data(client.data_to_send())
+    clock = time.thread_time
+    in_server = in_client = 0.0
+    done = 0
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        for _ in range(50):
+            t0 = clock()
+            sid = client.get_next_available_stream_id()
+            client.send_headers(sid, req_fields, end_stream=not req_body)
+            if req_body:
+                client.send_data(sid, req_body, end_stream=True)
+            out = client.data_to_send()
+            t1 = clock()
+            for event in server.receive_data(out):
+                if isinstance(event, h2.events.DataReceived):
+                    server.acknowledge_received_data(event.flow_controlled_length, sid)
+            server.send_headers(sid, resp_fields)
+            server.send_data(sid, resp_body, end_stream=not trailers)
+            if trailers:
+                server.send_headers(sid, trailers, end_stream=True)
+            back = server.data_to_send()
+            t2 = clock()
+            for event in client.receive_data(back):
+                if isinstance(event, h2.events.DataReceived):
+                    client.acknowledge_received_data(event.flow_controlled_length, sid)
+            ack = client.data_to_send()
+            t3 = clock()
+            server.receive_data(ack)
+            server.data_to_send()
+            t4 = clock()
+            in_client += (t1 - t0) + (t3 - t2)
+            in_server += (t2 - t1) + (t4 - t3)
+        done += 50
+    return done, in_server, in_client
 
 
 # -- (e) cancels -----------------------------------------------------------------------------

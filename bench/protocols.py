@@ -533,6 +533,8 @@ def grpc_latency(ctx: c.Ctx, sec: Section, targets: list[Endpoint]) -> dict[str,
                 # the client's whole run (its warm-up calls and channel set-up included) / its OK calls
                 cpu_us = (c.cpu_seconds([proc.pid]) - cpu0) / max(1, sum(res["ok"]) + WARM_CALLS) * 1e6
                 runs.setdefault(name, []).append({"lat": lat, "failed": failed, "late": res["late"], "cpu_us": cpu_us})
+                for why, count in res["failures"].items():
+                    sec.notes.append(f"(b) {name}, round {r + 1}: {count} call(s) ended {why}")
     direct = runs.get(DIRECT, [])
     added = {
         name: (c.added_ms(rs, direct, 50), c.added_ms(rs, direct, 99))
@@ -1017,10 +1019,15 @@ def _grpc_open(args: argparse.Namespace) -> dict[str, Any]:
     lock = threading.Lock()
     finished = threading.Event()
 
+    failures: dict[str, int] = {}  # "CODE: details" of the calls that did not end OK
+
     def callback(i: int, fut: Any) -> None:
         done[i] = time.perf_counter()
-        ok[i] = fut.code() == grpc.StatusCode.OK
+        code = fut.code()
+        ok[i] = code == grpc.StatusCode.OK
         with lock:
+            if not ok[i]:
+                failures[f"{code.name}: {fut.details()}"] = failures.get(f"{code.name}: {fut.details()}", 0) + 1
             left[0] -= 1
             if not left[0]:
                 finished.set()
@@ -1040,7 +1047,7 @@ def _grpc_open(args: argparse.Namespace) -> dict[str, Any]:
         futures.append(fut)
     finished.wait(60)
     channel.close()
-    return {"start": start, "sched": sched, "done": done, "ok": ok, "late": late}
+    return {"start": start, "sched": sched, "done": done, "ok": ok, "late": late, "failures": failures}
 
 
 async def _ws_echo(args: argparse.Namespace) -> dict[str, Any]:
