@@ -353,6 +353,10 @@ def _latency_target(sec: Section, latency: dict[str, dict[str, float]]) -> None:
 # -- (c) where the time goes -----------------------------------------------------------------
 
 
+#: activator's HTTP/2 modules, shown apart in (c): the driver, the client side, the pod side.
+H2_MODULES = ("base/h2wire.py", "front/http2.py", "pods/h2c.py")
+
+
 def package_of(path: str) -> str:
     """The package a frame's file belongs to, as (c) groups them."""
     for prefix, name in (
@@ -367,9 +371,7 @@ def package_of(path: str) -> str:
             return name
     if path.startswith("activator/"):
         module = path.removeprefix("activator/")
-        return (
-            f"activator: {module}" if module in ("h2wire.py", "http2.py", "upstream_h2.py") else "activator: the rest"
-        )
+        return f"activator: {module}" if module in H2_MODULES else "activator: the rest"
     return "the rest (stdlib, other packages)"
 
 
@@ -472,7 +474,7 @@ def _h2_costs(ctx: c.Ctx, sec: Section, cpu: dict[str, float]) -> None:
         "Every exchange on one connection (HPACK's dynamic table hot, as on a long-lived connection); in the last "
         f"shape {OPEN_ALONGSIDE} requests were opened first and never ended, so every new stream is counted among "
         "them (`h2` counts the open streams by walking all of them at each new stream, `_open_streams`). activator's "
-        "configurations are `activator/http2.py`'s and `activator/upstream_h2.py`'s (`_H2_CONFIG`: no header "
+        "configurations are `activator/front/http2.py`'s and `activator/pods/h2c.py`'s (`_H2_CONFIG`: no header "
         "validation or normalization where `core.heads` checks the fields)."
     )
 
@@ -518,14 +520,15 @@ def _h2_exchange(args: argparse.Namespace) -> dict[str, Any]:
     """(d), in this process: us of CPU per exchange for each shape and configuration."""
     import h2.config
 
-    from activator import http2, upstream_h2
+    from activator.front import http2
+    from activator.pods import h2c
 
     configs = {
         "h2's defaults": (
             h2.config.H2Configuration(client_side=False, header_encoding=None),
             h2.config.H2Configuration(client_side=True, header_encoding=None),
         ),
-        "activator's": (http2._H2_CONFIG, upstream_h2._H2_CONFIG),
+        "activator's": (http2._H2_CONFIG, h2c._H2_CONFIG),
     }
     rows = []
     for shape, exchange, others in (
