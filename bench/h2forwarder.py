@@ -53,6 +53,8 @@ RECV_SIZE = 65536
 #: (sent after the body), and where the upstream leaves how to cancel the pod's stream.
 TRAILERS = "h2forwarder.trailers"
 CANCEL = "h2forwarder.cancel"
+#: Why a pod stream ended when its client reset its own.
+CANCELED = "canceled by the client"
 
 
 class Wire:
@@ -117,6 +119,8 @@ class H2Pod:
         env[CANCEL] = lambda: self._cancel(stream_id)
         self.wire.flush()
         stream.done.wait()
+        if stream.error == CANCELED:  # an answer nobody reads: the client's stream is gone
+            return Response(499, [], b"", True)
         if stream.error:
             raise ConnectionError(stream.error)
         env[TRAILERS] = stream.trailers
@@ -130,7 +134,7 @@ class H2Pod:
             self.wire.h2.reset_stream(stream_id, ErrorCodes.CANCEL)
         except h2.exceptions.ProtocolError:
             pass  # it ended meanwhile
-        stream.error = "canceled by the client"
+        stream.error = CANCELED
         stream.done.set()
         self.wire.flush()
 
