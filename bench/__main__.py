@@ -33,6 +33,7 @@ SCENARIOS = (
     "workers",
     "fleet",
     "protocols",
+    "h2",
     "launch",
     "profile",
 )
