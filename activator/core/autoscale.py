@@ -21,6 +21,9 @@ Rules:
   those not probed yet (one may run already) and those that failed in this round, and
   never beyond ``max`` counting the pods still stopping; stops take the pods it started,
   those still booting first, then the latest in the file's order.
+- **Several activators.** Each launches only the pods it owns (``launch_owner``); a
+  request that reaches an activator owning none of a service's pods, while it has no
+  usable slot, goes to the launcher of the first one (``launcher_elsewhere``).
 - **Never a pod it did not start.** A pod that is healthy without having been started
   here (started by hand, by an earlier activator, by a peer) counts as serving and is
   never stopped.
@@ -50,6 +53,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .config import Config, LaunchConfig, ServiceConfig
+from .fleet import Forward
 from .slots import score
 
 #: Panic when the panic window asks for this many times the ready pods (KPA's 200%).
@@ -143,6 +147,21 @@ def launch_owner(address: str, peers: Sequence[str]) -> str:
     """The activator that launches the pod at ``address``: the top rendezvous score, the
     consistent hash that divides the slots (``core.slots.score``)."""
     return max(peers, key=lambda peer: (score(peer, address), peer))
+
+
+def launcher_elsewhere(config: Config, service: ServiceConfig) -> Forward | None:
+    """Where a request for ``service`` goes when it has no usable slot here and this
+    activator launches none of its pods (it would wait for a start nobody makes): the
+    launcher of its first listed pod, which starts it. None when this activator launches
+    one of them, or is alone, or the service is not launched."""
+    peers = config.activators
+    if service.launch is None or peers is None or len(peers.peers) < 2:
+        return None
+    names = tuple(peers.peers)
+    owners = [launch_owner(pod.address, names) for pod in service.pods if not pod.drain]
+    if not owners or peers.self_name in owners:
+        return None
+    return Forward(str(peers.peers[owners[0]]), owners[0])
 
 
 class ServiceScaler:

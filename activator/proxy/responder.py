@@ -39,7 +39,7 @@ from ..base import gate
 from ..base.exchange import ClientExchange, PodRequest, PodResponse
 from ..base.writer import Actor, TopologyWriter
 from ..core import http
-from ..core.autoscale import LaunchCheck
+from ..core.autoscale import LaunchCheck, launcher_elsewhere
 from ..core.config import ServiceConfig
 from ..core.errors import (
     ActivatorError,
@@ -342,7 +342,7 @@ class Proxy:
         unreachable: tuple[str, ...] = ()  # peers a forward of this request could not reach
         redirected = 0  # waits here ended by a redirect (each allows one more peer hop)
         while True:
-            target = self.topology.forward_target(throttler.name)
+            target = self._forward_target(throttler, unreachable)
             if target is not None and may_forward(marker, self.topology.capped(throttler.name), redirected):
                 if target.name in unreachable:
                     raise UpstreamConnectError(f"peer {target.name} ({target.address}) is unreachable")
@@ -383,6 +383,17 @@ class Proxy:
                 _pass_on_deadline(pod_headers, deadline)
             self._proxy(exchange, pod_headers, config, lease, record)
             return
+
+    def _forward_target(self, throttler: ServiceThrottler, unreachable: tuple[str, ...]) -> Forward | None:
+        """Where the request goes instead of waiting here (``Topology.forward_target``);
+        for a launched service without a usable slot here, whose pods this activator
+        launches none of, their launcher (``core.autoscale.launcher_elsewhere``), unless
+        it could not be reached (then the request waits here: a pod may come up all the same)."""
+        target = self.topology.forward_target(throttler.name)
+        if target is None and throttler.config.launch is not None and throttler.capacity == 0:
+            launcher = launcher_elsewhere(self.topology.config, throttler.config)
+            return launcher if launcher is not None and launcher.name not in unreachable else None
+        return target
 
     def _proxy(
         self,

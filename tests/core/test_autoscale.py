@@ -23,6 +23,7 @@ from activator.core.autoscale import (
     ServiceScaler,
     ServiceView,
     launch_owner,
+    launcher_elsewhere,
 )
 from activator.core.config import ActivatorsConfig, Address, Config, LaunchConfig, ProbeConfig
 
@@ -449,3 +450,21 @@ def test_a_pod_not_probed_yet_is_not_started_and_its_waiters_are_not_refused() -
     probed = ServiceView(0, 1, 0, {**unknown.pods, PODS[0]: PodView(True, 0, probed=True)})
     assert world.scaler.step(1.1, probed) == []  # healthy, not ours: it serves, nothing to start
     assert world.scaler.pods[PODS[0]].state is Launch.STOPPED
+
+
+def test_a_request_where_no_pod_is_launched_goes_to_the_first_pod_s_launcher() -> None:
+    peers = {"a": Address("10.1.0.1", 8080), "b": Address("10.1.0.2", 8080)}
+    address = PODS[0]
+    owner = launch_owner(address, ["a", "b"])
+    other = "b" if owner == "a" else "a"
+    service = launched(address)
+
+    def config(me: str) -> Config:
+        return Config(path="x", activators=ActivatorsConfig(me, peers, secret="s" * 16), services={"api": service})  # type: ignore[dict-item]
+
+    forward = launcher_elsewhere(config(other), service)  # type: ignore[arg-type]
+    assert forward is not None and (forward.name, forward.address) == (owner, str(peers[owner]))
+    assert launcher_elsewhere(config(owner), service) is None  # type: ignore[arg-type]  # it starts it itself
+    alone = Config(path="x", services={"api": service})  # type: ignore[dict-item]
+    assert launcher_elsewhere(alone, service) is None  # type: ignore[arg-type]
+    assert launcher_elsewhere(config(other), replace(service, launch=None)) is None  # type: ignore[type-var]

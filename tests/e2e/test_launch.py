@@ -357,6 +357,8 @@ def test_launches_show_in_status_metrics_statsd_the_cli_and_the_page(pods, activ
 
 
 def test_with_two_activators_only_the_pod_s_owner_launches_it_and_the_other_uses_it(pods, activator_factory):
+    """A cold request at the activator that owns no pod goes to the pod's owner, which
+    starts it; the other then sees it ready through its own probes and serves through it."""
     from activator.core.autoscale import launch_owner
 
     group = pods(1)
@@ -381,7 +383,9 @@ def test_with_two_activators_only_the_pod_s_owner_launches_it_and_the_other_uses
         act.wait_ready()
         act.wait_for(lambda st: all(h["state"] == "up" for h in st["activator"]["health"].values()), message="peers up")
     assert launch_status(acts[other].status())["max"] == 0  # it may launch none of them
-    assert request(acts[owner].listen, path="/delay?ms=1", timeout=60).status == 200
+    # The first request reaches the activator that launches nothing: it goes to the owner.
+    first = request(acts[other].listen, path="/delay?ms=1", timeout=60)
+    assert first.status == 200 and first.headers["X-Pod"] == address
     assert launch_status(acts[owner].status())["started"] == 1
     acts[other].wait_pod_state(SERVICE, address, "healthy")  # seen through its own probes
     response = request(acts[other].listen, path="/delay?ms=1", timeout=60)
