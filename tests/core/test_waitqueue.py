@@ -1,0 +1,235 @@
+"""The wait queue's rules: tables for each rule, hypothesis for the promises over any sequence."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from activator.core.errors import QueueFull, TenantQueueFull
+from activator.core.waitqueue import Queued, QueuePolicy, WaitQueue
+
+
+class Named(Queued):
+    __slots__ = ("name",)
+
+    def __init__(self, name: str, klass: int = 0, tenant: str | None = None, at: float = 0.0) -> None:
+        super().__init__(at, klass, tenant)
+        self.name = name
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+def names(queue: WaitQueue, now: float = 0.0) -> list[str]:
+    served = []
+    while (next_one := queue.pop(now)) is not None:
+        assert isinstance(next_one, Named)
+        served.append(next_one.name)
+        queue.check_invariants()
+    return served
+
+
+def fill(queue: WaitQueue, *spec: tuple[str, int, str | None, float]) -> dict[str, Named]:
+    made = {}
+    for name, klass, tenant, at in spec:
+        made[name] = Named(name, klass, tenant, at)
+        assert queue.push(made[name]) is None
+        queue.check_invariants()
+    return made
+
+
+def test_plain_queue_is_one_fifo() -> None:
+    queue = WaitQueue(QueuePolicy(), depth=3)
+    fill(queue, ("a", 0, None, 0), ("b", 0, None, 1), ("c", 0, None, 2))
+    with pytest.raises(QueueFull):
+        queue.push(Named("d"))
+    assert names(queue) == ["a", "b", "c"]
+
+
+@pytest.mark.parametrize(
+    ("arrivals", "served"),
+    [
+        ([("low1", 2), ("low2", 2), ("high", 0)], ["high", "low1", "low2"]),
+        ([("mid", 1), ("low", 2), ("high", 0), ("mid2", 1)], ["high", "mid", "mid2", "low"]),
+        ([("low", 2), ("low2", 2)], ["low", "low2"]),
+    ],
+)
+def test_highest_class_first_fifo_within(arrivals: list[tuple[str, int]], served: list[str]) -> None:
+    queue = WaitQueue(QueuePolicy(classes=3), depth=10)
+    fill(queue, *[(name, klass, None, at) for at, (name, klass) in enumerate(arrivals)])
+    assert names(queue) == served
+
+
+def test_fair_round_robin_between_tenants_each_fifo() -> None:
+    queue = WaitQueue(QueuePolicy(fair=True), depth=10)
+    fill(
+        queue,
+        ("a1", 0, "a", 0),
+        ("a2", 0, "a", 1),
+        ("a3", 0, "a", 2),
+        ("b1", 0, "b", 3),
+        ("c1", 0, "c", 4),
+        ("b2", 0, "b", 5),
+    )
+    assert names(queue) == ["a1", "b1", "c1", "a2", "b2", "a3"]
+
+
+def test_tenant_cap_refuses_that_tenant_only() -> None:
+    queue = WaitQueue(QueuePolicy(fair=True, tenant_cap=2), depth=10)
+    fill(queue, ("a1", 0, "a", 0), ("a2", 0, "a", 1))
+    with pytest.raises(TenantQueueFull):
+        queue.push(Named("a3", 0, "a"))
+    fill(queue, ("b1", 0, "b", 2))
+    assert len(queue) == 3
+    assert queue.top_tenants(1) == [("a", 2)]
+
+
+@pytest.mark.parametrize(
+    ("queued", "arrival", "shed", "refused"),
+    [
+        # the youngest of the lowest class below the arrival goes
+        ([("s1", 2), ("s2", 2), ("m1", 1)], ("c", 0), "s2", False),
+        ([("m1", 1), ("m2", 1), ("s1", 2)], ("c", 0), "s1", False),
+        ([("m1", 1), ("m2", 1), ("m3", 1)], ("c", 0), "m3", False),
+        ([("s1", 2), ("m1", 1), ("m2", 1)], ("m", 1), "s1", False),
+        # nobody below: refused
+        ([("m1", 1), ("m2", 1), ("m3", 1)], ("m", 1), None, True),
+        ([("c1", 0), ("m1", 1), ("s1", 2)], ("s", 2), None, True),
+    ],
+)
+def test_full_queue_sheds_the_youngest_of_the_lowest_class_below(
+    queued: list[tuple[str, int]], arrival: tuple[str, int], shed: str | None, refused: bool
+) -> None:
+    queue = WaitQueue(QueuePolicy(classes=3), depth=3)
+    made = fill(queue, *[(name, klass, None, at) for at, (name, klass) in enumerate(queued)])
+    newcomer = Named(arrival[0], arrival[1], None, 10)
+    if refused:
+        with pytest.raises(QueueFull):
+            queue.push(newcomer)
+        assert len(queue) == 3
+        return
+    out = queue.push(newcomer)
+    assert out is made[shed]  # type: ignore[index]
+    assert out not in queue and newcomer in queue and len(queue) == 3
+    queue.check_invariants()
+
+
+def test_max_starvation_lets_a_lower_class_go_next() -> None:
+    queue = WaitQueue(QueuePolicy(classes=2, max_starvation=30.0), depth=10)
+    fill(queue, ("batch", 1, None, 0), ("chat1", 0, None, 5), ("chat2", 0, None, 6))
+    assert queue.pop(now=20.0).name == "chat1"  # type: ignore[union-attr]
+    assert queue.pop(now=30.0).name == "batch"  # type: ignore[union-attr]
+    assert queue.pop(now=30.0).name == "chat2"  # type: ignore[union-attr]
+
+
+def test_strict_without_max_starvation() -> None:
+    queue = WaitQueue(QueuePolicy(classes=2), depth=10)
+    fill(queue, ("batch", 1, None, 0), ("chat", 0, None, 5))
+    assert names(queue, now=1e9) == ["chat", "batch"]
+
+
+def test_push_front_is_first_in_class_and_tenant_past_limits() -> None:
+    queue = WaitQueue(QueuePolicy(classes=2, fair=True, tenant_cap=1), depth=2)
+    fill(queue, ("a1", 1, "a", 0), ("b1", 1, "b", 1))
+    retry = Named("a0", 1, "a", 2)
+    queue.push_front(retry)
+    queue.check_invariants()
+    assert names(queue) == ["a0", "b1", "a1"]
+
+
+def test_remove_and_reshape_keep_order() -> None:
+    queue = WaitQueue(QueuePolicy(classes=3, fair=True), depth=10)
+    made = fill(queue, ("x", 2, "a", 0), ("y", 0, "b", 1), ("z", 1, "a", 2))
+    assert queue.remove(made["z"]) and not queue.remove(made["z"])
+    queue.reshape(QueuePolicy(), depth=5)
+    queue.check_invariants()
+    assert names(queue) == ["x", "y"]  # one FIFO again: by arrival
+
+
+def test_plain_queue_tracks_no_tenants() -> None:
+    queue = WaitQueue(QueuePolicy(), depth=10)
+    fill(queue, ("a", 0, None, 0))
+    assert queue.tenants == 0 and queue.top_tenants(3) == []
+
+
+# -- properties over any sequence -------------------------------------------------------------
+
+operations = st.lists(
+    st.one_of(
+        st.tuples(st.just("push"), st.integers(0, 2), st.sampled_from("abcd")),
+        st.tuples(st.just("pop"), st.integers(0, 0), st.just("")),
+        st.tuples(st.just("remove"), st.integers(0, 50), st.just("")),
+        st.tuples(st.just("wait"), st.integers(1, 20), st.just("")),
+    ),
+    max_size=80,
+)
+policies = st.builds(
+    QueuePolicy,
+    classes=st.integers(1, 3),
+    fair=st.booleans(),
+    tenant_cap=st.one_of(st.none(), st.integers(1, 4)),
+    max_starvation=st.one_of(st.none(), st.sampled_from([5.0, 15.0])),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(policy=policies, depth=st.integers(0, 6), ops=operations)
+def test_promises_hold_over_any_sequence(policy: QueuePolicy, depth: int, ops: list[tuple[str, int, str]]) -> None:
+    queue = WaitQueue(policy, depth)
+    now = 0.0
+    inside: list[Named] = []  # the model: who is queued, in arrival order
+    made = 0
+    for op, number, tenant_name in ops:
+        tenant = tenant_name if policy.fair or policy.tenant_cap is not None else None
+        if op == "push":
+            made += 1
+            newcomer = Named(f"w{made}", min(number, policy.classes - 1), tenant, now)
+            before = list(inside)
+            try:
+                shed = queue.push(newcomer)
+            except TenantQueueFull:
+                assert policy.tenant_cap is not None
+                assert sum(1 for w in inside if w.tenant == tenant) >= policy.tenant_cap
+                continue
+            except QueueFull:
+                assert len(inside) >= depth
+                assert all(w.klass <= newcomer.klass for w in inside)  # nobody below to shed
+                continue
+            if shed is not None:
+                assert len(before) >= depth and shed in before
+                lowest = max(w.klass for w in before)
+                assert shed.klass == lowest > newcomer.klass
+                assert shed is [w for w in before if w.klass == lowest][-1]  # the youngest
+                inside.remove(shed)  # type: ignore[arg-type]
+            inside.append(newcomer)
+        elif op == "pop":
+            out = queue.pop(now)
+            if not inside:
+                assert out is None
+                continue
+            assert isinstance(out, Named) and out in inside
+            top = min(w.klass for w in inside)
+            if out.klass != top:  # only a starving waiter may pass the highest class
+                assert policy.max_starvation is not None
+                assert now - out.enqueued_at >= policy.max_starvation
+            # FIFO within a class and tenant
+            same = [w for w in inside if w.klass == out.klass and w.tenant == out.tenant]
+            assert same[0] is out
+            if not policy.fair and out.klass == top:
+                assert out is next(w for w in inside if w.klass == top)
+            inside.remove(out)
+        elif op == "remove" and inside:
+            victim = inside[number % len(inside)]
+            assert queue.remove(victim)
+            inside.remove(victim)
+        elif op == "wait":
+            now += number
+        queue.check_invariants()
+        # no waiter lost or duplicated; caps hold
+        assert sorted(map(id, queue)) == sorted(map(id, inside))
+        assert len(queue) <= depth
+        if policy.tenant_cap is not None:
+            for t in "abcd":
+                assert sum(1 for w in inside if w.tenant == t) <= policy.tenant_cap
+        assert queue.tenants <= len(queue)
