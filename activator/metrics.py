@@ -6,7 +6,7 @@ What this module decides (SPEC.md "StatsD metrics"; ``{p}`` prefix, ``{s}`` serv
 - Per request, when it is over, ONE batch (one datagram), from names computed once per
   service: ``{p}.{s}.requests`` (c), ``{p}.{s}.responses.{2xx,3xx,4xx,5xx}`` (c, by the
   status the client got, activator's own answers included),
-  ``{p}.{s}.rejected.{queue_full,queue_timeout,shutting_down}`` (c, from the
+  ``{p}.{s}.rejected.{queue_full,queue_timeout,shutting_down,shed,tenant_queue_full}`` (c, from the
   ``X-Activator-Reason``), ``{p}.{s}.latency`` (ms, arrival to last byte) and
   ``{p}.{s}.queue_wait`` (ms, arrival to slot; only when a slot was obtained); timings
   are written as statsd writes them, with six decimals. A client that left before the last byte is
@@ -107,7 +107,13 @@ FLUSH_SECONDS = 1.0
 #: goes alone).
 MAX_DATAGRAM = 512
 
-_REJECTED = {"queue-full": "queue_full", "queue-timeout": "queue_timeout", "shutting-down": "shutting_down"}
+_REJECTED = {
+    "queue-full": "queue_full",
+    "queue-timeout": "queue_timeout",
+    "shutting-down": "shutting_down",
+    "shed": "shed",
+    "tenant-queue-full": "tenant_queue_full",
+}
 #: ``{p}.rejected.{name}`` of each refusal before routing (SPEC.md spells one in the singular).
 _REFUSED = {reason: reason.replace("-", "_") for reason in REASONS} | {"headers-too-large": "header_too_large"}
 _POD_STATES = (PodState.HEALTHY, PodState.PENDING, PodState.DRAINING)

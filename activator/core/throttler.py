@@ -50,7 +50,7 @@ from typing import Any
 from .config import Listing, ServiceConfig, pod_changes, resolve_lb_policy
 from .failures import FailureKind
 from .lb import Pickable, Policy, make_policy
-from .priority import queue_policy
+from .priority import Classifier, queue_policy
 from .probes import Verdict
 from .states import PodEvent, PodState, next_state
 from .waitqueue import Queued, WaitQueue
@@ -768,6 +768,8 @@ class ServiceThrottler:
         """Follow the pods' listing changes (``core.config.pod_changes``), then the settings."""
         old_probe = old.probe if old is not None else config.probe
         self.config = config
+        #: How a request of this service gets its class and tenant (``core.priority``).
+        self.classifier = Classifier(config)
         policy = queue_policy(config)
         if policy.classes != len(self.sheds):
             self.sheds = [0] * policy.classes

@@ -1,0 +1,154 @@
+"""End to end: the queue knows who waits (issue 27): priority classes, shedding, tenants.
+
+The real ``activator run`` in front of one ``tests/backend.py`` pod at
+``container_concurrency: 1``. Every request is a ``/hold?key=K`` that the pod holds until
+the test releases ``K`` (its ``X-Request-Id`` is ``K`` too), so the order the pod
+receives requests in is read back exactly (``request_ids``). A request is sent only once
+the previous one is queued (``/status``), so the arrival order is the test's. Each test
+runs over HTTP/1.1 and HTTP/2 (h2c, one connection per request: a connection's own share
+of the queue is not what is tested here).
+"""
+
+from __future__ import annotations
+
+import http.client
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from harness import Activator, H2Client, Pod, activator_reason, service_config, start_request, wait_until
+
+pytestmark = pytest.mark.binary
+
+SERVICE = "api"
+HOST = "api.test"
+CLASSES = ["critical", "standard", "sheddable"]
+
+
+def policy_config(pod: Pod, **options: Any) -> dict[str, Any]:
+    service = service_config(
+        [pod], hosts=[HOST], container_concurrency=1, **{"queue_depth": 10, "queue_timeout": "60s", **options}
+    )
+    return {"access_log": False, "services": {SERVICE: service}}
+
+
+class Sent:
+    """One request on its own connection, over HTTP/1.1 or HTTP/2; its answer read later."""
+
+    def __init__(self, act: Activator, transport: str, key: str, headers: dict[str, str]) -> None:
+        all_headers = {"X-Request-Id": key, **headers}
+        path = f"/hold?key={key}"
+        self.h1: http.client.HTTPConnection | None = None
+        self.h2: H2Client | None = None
+        if transport == "h1":
+            self.h1 = start_request(act.listen, path=path, host=HOST, headers=all_headers, timeout=60)
+        else:
+            self.h2 = H2Client(act.listen, host=HOST, timeout=60)
+            self.stream = self.h2.send("GET", path, [(k.lower(), v) for k, v in all_headers.items()])
+
+    def answer(self) -> tuple[int, str | None, str | None]:
+        """(status, X-Activator-Reason, Retry-After); closes the connection."""
+        if self.h1 is not None:
+            try:
+                resp = self.h1.getresponse()
+                resp.read()
+                return resp.status, activator_reason(resp), resp.getheader("Retry-After")
+            finally:
+                self.h1.close()
+        assert self.h2 is not None
+        try:
+            got = self.h2.response(self.stream)
+            return got.status or 0, got.header("x-activator-reason"), got.header("retry-after")
+        finally:
+            self.h2.close()
+
+
+@pytest.fixture(params=["h1", "h2"])
+def transport(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+def queued(act: Activator, n: int) -> None:
+    act.wait_for(lambda st: st["services"][SERVICE]["queued"] == n, message=f"{n} queued")
+
+
+def holds(pod: Pod, key: str) -> None:
+    wait_until(lambda: pod.held() == [key], message=lambda: f"the pod should hold {key}, holds {pod.held()}")
+
+
+def sender(act: Activator, transport: str) -> Callable[..., Sent]:
+    def send(key: str, queued_as: int | None = None, **headers: str) -> Sent:
+        sent = Sent(act, transport, key, {k.replace("_", "-"): v for k, v in headers.items()})
+        if queued_as is not None:
+            queued(act, queued_as)
+        return sent
+
+    return send
+
+
+def serve_all(pod: Pod, order: list[str]) -> None:
+    """Release the held requests one by one, checking that they come in ``order``."""
+    for key in order:
+        holds(pod, key)
+        pod.release(key)
+
+
+def test_a_critical_request_is_served_before_queued_sheddable_ones(pod_factory, activator_factory, transport):
+    (pod,) = pod_factory(1)
+    act = activator_factory(policy_config(pod, priority={"classes": CLASSES}))
+    send = sender(act, transport)
+    sent = {"busy": send("busy")}
+    holds(pod, "busy")
+    sent["s1"] = send("s1", 1, Priority="u=7")
+    sent["s2"] = send("s2", 2, Priority="u=6, i")
+    sent["n1"] = send("n1", 3)  # no Priority: RFC 9218's default urgency 3, the middle class
+    sent["c1"] = send("c1", 4, Priority="u=0")
+    st = act.status()["services"][SERVICE]
+    assert {name: c["queued"] for name, c in st["classes"].items()} == {"critical": 1, "standard": 1, "sheddable": 2}
+    serve_all(pod, ["busy", "c1", "n1", "s1", "s2"])
+    assert {key: s.answer()[0] for key, s in sent.items()} == dict.fromkeys(sent, 200)
+    assert pod.stats()["request_ids"] == ["busy", "c1", "n1", "s1", "s2"]
+    assert pod.stats()["peak"] == 1
+    act.wait_idle()
+
+
+def test_a_full_queue_sheds_the_youngest_of_the_lowest_class(pod_factory, activator_factory, transport):
+    (pod,) = pod_factory(1)
+    act = activator_factory(policy_config(pod, queue_depth=2, priority={"classes": CLASSES}))
+    send = sender(act, transport)
+    busy = send("busy")
+    holds(pod, "busy")
+    s1 = send("s1", 1, Priority="u=7")
+    s2 = send("s2", 2, Priority="u=7")
+    c1 = send("c1", None, Priority="u=0")
+    status, reason, retry_after = s2.answer()
+    assert (status, reason) == (503, "shed") and retry_after is not None
+    full = send("s3", None, Priority="u=7")  # nobody below the lowest class: queue-full
+    assert full.answer()[:2] == (503, "queue-full")
+    assert act.status()["services"][SERVICE]["classes"]["sheddable"]["shed"] == 1
+    serve_all(pod, ["busy", "c1", "s1"])
+    assert busy.answer()[0] == c1.answer()[0] == s1.answer()[0] == 200
+    assert pod.stats()["request_ids"] == ["busy", "c1", "s1"]
+    act.wait_idle()
+
+
+def test_tenants_are_served_round_robin_and_one_cannot_fill_the_queue(pod_factory, activator_factory, transport):
+    (pod,) = pod_factory(1)
+    config = policy_config(pod, queue_depth=6, fair_by={"header": "X-Tenant"}, tenant_queue_share=0.5)
+    act = activator_factory(config)
+    send = sender(act, transport)
+    sent = {"busy": send("busy", None, X_Tenant="a")}
+    holds(pod, "busy")
+    for n in (1, 2, 3):
+        sent[f"a{n}"] = send(f"a{n}", n, X_Tenant="a")
+    refused = send("a4", None, X_Tenant="a")
+    status, reason, retry_after = refused.answer()
+    assert (status, reason) == (503, "tenant-queue-full") and retry_after is not None
+    sent["b1"] = send("b1", 4, X_Tenant="b")  # the quiet tenant still queues
+    sent["b2"] = send("b2", 5, X_Tenant="b")
+    st = act.status()["services"][SERVICE]
+    assert st["top_tenants"][0] == {"tenant": "a", "queued": 3} and st["tenants"] == 2
+    serve_all(pod, ["busy", "a1", "b1", "a2", "b2", "a3"])
+    assert {key: s.answer()[0] for key, s in sent.items()} == dict.fromkeys(sent, 200)
+    assert pod.stats()["request_ids"] == ["busy", "a1", "b1", "a2", "b2", "a3"]
+    act.wait_idle()
