@@ -93,6 +93,11 @@ class PriorityConfig:
     max_starvation: float | None = None
 
 
+def tenant_cap(service: ServiceConfig) -> int:
+    """How many waiters one tenant may hold: ``tenant_queue_share`` of queue_depth, at least one."""
+    return max(1, math.floor(service.tenant_queue_share * service.queue_depth))
+
+
 @dataclass(frozen=True)
 class FairBy:
     """Who a request's tenant is (``fair_by``): a header's value, or (None) the client's IP."""
@@ -1276,6 +1281,42 @@ def _describe_service(service: ServiceConfig) -> list[str]:
             + f"timeout {format_duration(probe.timeout)}, healthy after {probe.healthy_after}, "
             + f"unhealthy after {probe.unhealthy_after}"
         )
+    lines += _describe_queue(service)
     lines.append(f"  pods ({len(service.pods)}):" if service.pods else "  pods: none")
     lines += [f"    {pod.address}{'  (drain)' if pod.drain else ''}" for pod in service.pods]
+    return lines
+
+
+def _describe_queue(service: ServiceConfig) -> list[str]:
+    """The queue's classes and tenants, as ``check`` shows them (nothing for one FIFO)."""
+    lines = []
+    priority = service.priority
+    if priority is not None:
+        source = "Priority: u=0..7 (RFC 9218)" if priority.header is None else f"header {priority.header}"
+        lines.append(f"  priority classes, highest first: {', '.join(priority.classes)}; from {source}")
+        spread = [class_of_urgency(u, len(priority.classes)) for u in range(8)]
+        if priority.header is None:
+            ranges = []
+            for index, name in enumerate(priority.classes):
+                urgencies = [u for u in range(8) if spread[u] == index]
+                if urgencies:
+                    ranges.append(f"u={urgencies[0]}..{urgencies[-1]} {name}")
+            lines.append(f"    {', '.join(ranges)}")
+        else:
+            lines += [f"    {value!r} -> {name}" for value, name in priority.values.items()]
+        lines.append(f"    default {priority.default}" + "".join(f"; {h} -> {c}" for h, c in priority.hosts.items()))
+        for name in priority.classes:
+            if name in priority.queue_timeout:
+                lines.append(f"    {name}: queue_timeout {format_duration(priority.queue_timeout[name])}")
+        starvation = priority.max_starvation
+        lines.append(
+            "    strictly by class" if starvation is None else f"    max_starvation {format_duration(starvation)}"
+        )
+    if service.fair_by is not None:
+        who = "client IP" if service.fair_by.header is None else f"header {service.fair_by.header}"
+        cap = tenant_cap(service)
+        lines.append(
+            f"  fair_by {who}: round-robin between tenants, each at most {cap} queued"
+            + f" (tenant_queue_share {service.tenant_queue_share:g})"
+        )
     return lines

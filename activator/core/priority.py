@@ -19,10 +19,9 @@ service that has ``priority`` or ``fair_by`` (``Classifier.active``).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
-from .config import ServiceConfig, class_of_urgency, normalize_host
+from .config import ServiceConfig, class_of_urgency, normalize_host, tenant_cap
 from .waitqueue import QueuePolicy
 
 #: A tenant key longer than this is cut (it is client input, kept while queued).
@@ -36,11 +35,10 @@ def queue_policy(config: ServiceConfig) -> QueuePolicy:
     fair = config.fair_by is not None
     if priority is None and not fair:
         return QueuePolicy()
-    cap = max(1, math.floor(config.tenant_queue_share * config.queue_depth)) if fair else None
     return QueuePolicy(
         classes=len(priority.classes) if priority is not None else 1,
         fair=fair,
-        tenant_cap=cap,
+        tenant_cap=tenant_cap(config) if fair else None,
         max_starvation=priority.max_starvation if priority is not None else None,
     )
 
