@@ -434,7 +434,7 @@ class Proxy:
     ) -> SlotLease:
         """A slot for the request: this process's (in the service's queue order, as
         ``klass`` of ``tenant``), or, with ``workers: N``, one from the activator's slot
-        exchange (FIFO across the workers). Raises QueueFull, TenantQueueFull, Shed,
+        exchange (one queue across the workers, the same order). Raises QueueFull, TenantQueueFull, Shed,
         QueueTimeout, ClientGone or gate.Redirected."""
         while True:
             sharing = self.sharing
@@ -445,7 +445,7 @@ class Proxy:
             if own is not None:
                 return SharedLease(throttler, own, sharing, self.writer, arrival, False)
             try:
-                slot = sharing.wait(throttler, arrival + wait, exchange, arrival)
+                slot = sharing.wait(throttler, arrival + wait, exchange, arrival, klass, tenant)
             except gate.Redirected:
                 continue  # the service left shared mode while it waited: queue here
             return SharedLease(throttler, slot, sharing, self.writer, arrival, True)
