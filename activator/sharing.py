@@ -114,6 +114,7 @@ class SlotSharing:
         if isinstance(outcome, QueueIsFull):
             raise TenantQueueFull() if outcome.reason == TenantQueueFull.reason else QueueFull()
         if isinstance(outcome, WasShed):
+            throttler.count_shed(klass)
             raise Shed()
         if isinstance(outcome, Redirect):
             raise Redirected()

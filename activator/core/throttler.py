@@ -53,16 +53,13 @@ from .lb import Pickable, Policy, make_policy
 from .priority import Classifier, queue_policy
 from .probes import Verdict
 from .states import PodEvent, PodState, next_state
+from .status import queue_view
 from .waitqueue import Queued, WaitQueue
 
 HEALTHY = PodState.HEALTHY
 PENDING = PodState.PENDING
 DRAINING = PodState.DRAINING
 REMOVED = PodState.REMOVED
-
-
-#: How many of the tenants with the most queued /status shows.
-TOP_TENANTS = 5
 
 
 class InvariantViolation(AssertionError):
@@ -396,6 +393,11 @@ class ServiceThrottler:
         if tracker is not None:
             tracker.requests += 1
 
+    def count_shed(self, klass: int) -> None:
+        """Shared mode: a request of this worker was shed from the supervisor's queue."""
+        if 0 <= klass < len(self.sheds):
+            self.sheds[klass] += 1
+
     def borrowed_tunnel(self) -> None:
         """The borrowed slot's request became a tunnel."""
         self.tunnels += 1
@@ -611,33 +613,15 @@ class ServiceThrottler:
             "queued": len(self._queue),
             "queue_depth": self.config.queue_depth,
             "oldest_wait_seconds": round(self.oldest_wait(now), 3),
-            **self._queue_snapshot(now),
+            **queue_view(
+                self._queue,
+                list(self.config.priority.classes) if self.config.priority is not None else None,
+                self.config.fair_by is not None,
+                self.sheds,
+                now,
+            ),
             "pods": pods,
         }
-
-    def _queue_snapshot(self, now: float) -> dict[str, Any]:
-        """Per class: queued, the oldest's wait, sheds; the tenants with the most queued."""
-        shown: dict[str, Any] = {}
-        priority = self.config.priority
-        queue = self._queue
-        if priority is not None:
-            shown["classes"] = {
-                name: {
-                    "queued": queued,
-                    "oldest_wait_seconds": round(now - oldest, 3) if oldest is not None else 0.0,
-                    "shed": shed,
-                }
-                for name, queued, oldest, shed in zip(
-                    priority.classes, queue.queued_by_class(), queue.oldest_by_class(), self.sheds, strict=True
-                )
-            }
-        if self.config.fair_by is not None:
-            shown["tenants"] = queue.tenants
-            shown["top_tenants"] = [
-                {"tenant": tenant.decode("latin-1") if isinstance(tenant, bytes) else str(tenant), "queued": n}
-                for tenant, n in queue.top_tenants(TOP_TENANTS)
-            ]
-        return shown
 
     def check_invariants(self) -> None:
         """Raise InvariantViolation if any promise of this module is broken."""

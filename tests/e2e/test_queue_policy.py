@@ -6,7 +6,9 @@ the test releases ``K`` (its ``X-Request-Id`` is ``K`` too), so the order the po
 receives requests in is read back exactly (``request_ids``). A request is sent only once
 the previous one is queued (``/status``), so the arrival order is the test's. Each test
 runs over HTTP/1.1 and HTTP/2 (h2c, one connection per request: a connection's own share
-of the queue is not what is tested here).
+of the queue is not what is tested here), with one process and with ``workers: 2``
+(whichever worker the kernel gives a connection to, the one queue is the supervisor's and
+keeps the same order).
 """
 
 from __future__ import annotations
@@ -25,11 +27,25 @@ HOST = "api.test"
 CLASSES = ["critical", "standard", "sheddable"]
 
 
-def policy_config(pod: Pod, **options: Any) -> dict[str, Any]:
+MODES = [("h1", 1), ("h2", 1), ("h1", 2), ("h2", 2)]
+
+
+@pytest.fixture(params=MODES, ids=[f"{transport}-workers{workers}" for transport, workers in MODES])
+def mode(request: pytest.FixtureRequest) -> tuple[str, int]:
+    transport, workers = request.param
+    return str(transport), int(workers)
+
+
+def start(
+    activator_factory: Any, mode: tuple[str, int], pod: Pod, **options: Any
+) -> tuple[Activator, Callable[..., Sent]]:
+    """The activator (in ``mode``'s worker count) for one cc=1 service over ``pod``, and
+    a function sending requests to it in ``mode``'s transport."""
     service = service_config(
         [pod], hosts=[HOST], container_concurrency=1, **{"queue_depth": 10, "queue_timeout": "60s", **options}
     )
-    return {"access_log": False, "services": {SERVICE: service}}
+    act = activator_factory({"workers": mode[1], "access_log": False, "services": {SERVICE: service}})
+    return act, sender(act, mode[0])
 
 
 class Sent:
@@ -63,11 +79,6 @@ class Sent:
             self.h2.close()
 
 
-@pytest.fixture(params=["h1", "h2"])
-def transport(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
-
-
 def queued(act: Activator, n: int) -> None:
     act.wait_for(lambda st: st["services"][SERVICE]["queued"] == n, message=f"{n} queued")
 
@@ -93,10 +104,9 @@ def serve_all(pod: Pod, order: list[str]) -> None:
         pod.release(key)
 
 
-def test_a_critical_request_is_served_before_queued_sheddable_ones(pod_factory, activator_factory, transport):
+def test_a_critical_request_is_served_before_queued_sheddable_ones(pod_factory, activator_factory, mode):
     (pod,) = pod_factory(1)
-    act = activator_factory(policy_config(pod, priority={"classes": CLASSES}))
-    send = sender(act, transport)
+    act, send = start(activator_factory, mode, pod, priority={"classes": CLASSES})
     sent = {"busy": send("busy")}
     holds(pod, "busy")
     sent["s1"] = send("s1", 1, Priority="u=7")
@@ -112,10 +122,9 @@ def test_a_critical_request_is_served_before_queued_sheddable_ones(pod_factory, 
     act.wait_idle()
 
 
-def test_a_full_queue_sheds_the_youngest_of_the_lowest_class(pod_factory, activator_factory, transport):
+def test_a_full_queue_sheds_the_youngest_of_the_lowest_class(pod_factory, activator_factory, mode):
     (pod,) = pod_factory(1)
-    act = activator_factory(policy_config(pod, queue_depth=2, priority={"classes": CLASSES}))
-    send = sender(act, transport)
+    act, send = start(activator_factory, mode, pod, queue_depth=2, priority={"classes": CLASSES})
     busy = send("busy")
     holds(pod, "busy")
     s1 = send("s1", 1, Priority="u=7")
@@ -132,11 +141,11 @@ def test_a_full_queue_sheds_the_youngest_of_the_lowest_class(pod_factory, activa
     act.wait_idle()
 
 
-def test_tenants_are_served_round_robin_and_one_cannot_fill_the_queue(pod_factory, activator_factory, transport):
+def test_tenants_are_served_round_robin_and_one_cannot_fill_the_queue(pod_factory, activator_factory, mode):
     (pod,) = pod_factory(1)
-    config = policy_config(pod, queue_depth=6, fair_by={"header": "X-Tenant"}, tenant_queue_share=0.5)
-    act = activator_factory(config)
-    send = sender(act, transport)
+    act, send = start(
+        activator_factory, mode, pod, queue_depth=6, fair_by={"header": "X-Tenant"}, tenant_queue_share=0.5
+    )
     sent = {"busy": send("busy", None, X_Tenant="a")}
     holds(pod, "busy")
     for n in (1, 2, 3):
