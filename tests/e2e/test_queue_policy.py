@@ -18,7 +18,16 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from harness import Activator, H2Client, Pod, activator_reason, service_config, start_request, wait_until
+from harness import (
+    Activator,
+    H2Client,
+    Pod,
+    StatsdReceiver,
+    activator_reason,
+    service_config,
+    start_request,
+    wait_until,
+)
 
 pytestmark = pytest.mark.binary
 
@@ -37,14 +46,17 @@ def mode(request: pytest.FixtureRequest) -> tuple[str, int]:
 
 
 def start(
-    activator_factory: Any, mode: tuple[str, int], pod: Pod, **options: Any
+    activator_factory: Any, mode: tuple[str, int], pod: Pod, statsd: StatsdReceiver | None = None, **options: Any
 ) -> tuple[Activator, Callable[..., Sent]]:
     """The activator (in ``mode``'s worker count) for one cc=1 service over ``pod``, and
     a function sending requests to it in ``mode``'s transport."""
     service = service_config(
         [pod], hosts=[HOST], container_concurrency=1, **{"queue_depth": 10, "queue_timeout": "60s", **options}
     )
-    act = activator_factory({"workers": mode[1], "access_log": False, "services": {SERVICE: service}})
+    config: dict[str, Any] = {"workers": mode[1], "access_log": False, "services": {SERVICE: service}}
+    if statsd is not None:
+        config["statsd"] = {"address": statsd.address}
+    act = activator_factory(config)
     return act, sender(act, mode[0])
 
 
@@ -104,9 +116,11 @@ def serve_all(pod: Pod, order: list[str]) -> None:
         pod.release(key)
 
 
-def test_a_critical_request_is_served_before_queued_sheddable_ones(pod_factory, activator_factory, mode):
+def test_a_critical_request_is_served_before_queued_sheddable_ones(
+    pod_factory, activator_factory, mode, statsd_receiver
+):
     (pod,) = pod_factory(1)
-    act, send = start(activator_factory, mode, pod, priority={"classes": CLASSES})
+    act, send = start(activator_factory, mode, pod, statsd_receiver, priority={"classes": CLASSES})
     sent = {"busy": send("busy")}
     holds(pod, "busy")
     sent["s1"] = send("s1", 1, Priority="u=7")
@@ -115,11 +129,17 @@ def test_a_critical_request_is_served_before_queued_sheddable_ones(pod_factory, 
     sent["c1"] = send("c1", 4, Priority="u=0")
     st = act.status()["services"][SERVICE]
     assert {name: c["queued"] for name, c in st["classes"].items()} == {"critical": 1, "standard": 1, "sheddable": 2}
+    scraped = act.admin_get("/metrics").body.decode()
+    assert 'activator_class_queued{class="sheddable",service="api"} 2.0' in scraped
     serve_all(pod, ["busy", "c1", "n1", "s1", "s2"])
     assert {key: s.answer()[0] for key, s in sent.items()} == dict.fromkeys(sent, 200)
     assert pod.stats()["request_ids"] == ["busy", "c1", "n1", "s1", "s2"]
     assert pod.stats()["peak"] == 1
     act.wait_idle()
+    for klass in CLASSES:  # each waited: its class's queue wait is timed
+        statsd_receiver.wait_for_metric(f"activator.api.class.{klass}.queue_wait", "ms")
+    if mode[1] == 1:  # (with workers the queue is the supervisor's, which sends no gauges)
+        statsd_receiver.wait_for_metric("activator.api.class.critical.queued", "g")
 
 
 def test_a_full_queue_sheds_the_youngest_of_the_lowest_class(pod_factory, activator_factory, mode):
@@ -135,6 +155,9 @@ def test_a_full_queue_sheds_the_youngest_of_the_lowest_class(pod_factory, activa
     full = send("s3", None, Priority="u=7")  # nobody below the lowest class: queue-full
     assert full.answer()[:2] == (503, "queue-full")
     assert act.status()["services"][SERVICE]["classes"]["sheddable"]["shed"] == 1
+    scraped = act.admin_get("/metrics").body.decode()
+    assert 'activator_class_shed_total{class="sheddable",service="api"} 1.0' in scraped
+    assert 'activator_rejected_total{reason="shed",service="api"} 1.0' in scraped
     serve_all(pod, ["busy", "c1", "s1"])
     assert busy.answer()[0] == c1.answer()[0] == s1.answer()[0] == 200
     assert pod.stats()["request_ids"] == ["busy", "c1", "s1"]
