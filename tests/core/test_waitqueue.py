@@ -233,3 +233,31 @@ def test_promises_hold_over_any_sequence(policy: QueuePolicy, depth: int, ops: l
             for t in "abcd":
                 assert sum(1 for w in inside if w.tenant == t) <= policy.tenant_cap
         assert queue.tenants <= len(queue)
+
+
+def test_the_views_of_several_processes_merge() -> None:
+    from activator.core.status import merge_queue_view, queue_view
+
+    queue = WaitQueue(QueuePolicy(classes=2, fair=True), depth=10)
+    fill(queue, ("a1", 0, "a", 0), ("a2", 1, "a", 1), ("b1", 1, "b", 4))
+    view = queue_view(queue, ["high", "low"], True, [0, 2], now=10.0)
+    assert view == {
+        "classes": {
+            "high": {"queued": 1, "oldest_wait_seconds": 10.0, "shed": 0},
+            "low": {"queued": 2, "oldest_wait_seconds": 9.0, "shed": 2},
+        },
+        "tenants": 2,
+        "top_tenants": [{"tenant": "a", "queued": 2}, {"tenant": "b", "queued": 1}],
+    }
+    into: dict[str, object] = {}
+    merge_queue_view(into, view)
+    merge_queue_view(
+        into, queue_view(WaitQueue(QueuePolicy(classes=2, fair=True)), ["high", "low"], True, [1, 0], 10.0)
+    )
+    merge_queue_view(into, view)
+    assert into["classes"] == {
+        "high": {"queued": 2, "oldest_wait_seconds": 10.0, "shed": 1},
+        "low": {"queued": 4, "oldest_wait_seconds": 9.0, "shed": 4},
+    }
+    assert into["top_tenants"] == [{"tenant": "a", "queued": 4}, {"tenant": "b", "queued": 2}]
+    assert into["tenants"] == 4
