@@ -46,6 +46,9 @@ def queue_policy(config: ServiceConfig) -> QueuePolicy:
 def urgency(values: Sequence[bytes]) -> int | None:
     """The urgency of ``Priority`` field lines (RFC 9218 4.1: a structured dictionary;
     the last ``u`` wins), or None when none is given or it is not 0..7."""
+    if len(values) == 1 and len(values[0]) == 3 and values[0][:2] == b"u=":  # the usual "u=N"
+        digit = values[0][2] - 48
+        return digit if 0 <= digit <= 7 else None
     found: int | None = None
     for value in values:
         for member in value.split(b","):
@@ -56,14 +59,21 @@ def urgency(values: Sequence[bytes]) -> int | None:
     return found
 
 
-def _header_values(name: bytes, headers: Sequence[tuple[bytes, bytes]], lower_names: Sequence[bytes]) -> list[bytes]:
-    return [headers[index][1] for index, lower in enumerate(lower_names) if lower == name]
-
-
 class Classifier:
     """A service's classes and tenants, compiled once per configuration. Does not yield."""
 
-    __slots__ = ("_default", "_header", "_hosts", "_tenant_header", "_timeouts", "_values", "active", "fair", "names")
+    __slots__ = (
+        "_class_header",
+        "_default",
+        "_header",
+        "_hosts",
+        "_tenant_header",
+        "_timeouts",
+        "_values",
+        "active",
+        "fair",
+        "names",
+    )
 
     def __init__(self, config: ServiceConfig) -> None:
         priority = config.priority
@@ -79,11 +89,13 @@ class Classifier:
             self._values: dict[bytes, int] = {}
             self._hosts: dict[str, int] = {}
             self._timeouts: tuple[float, ...] = (config.queue_timeout,)
+            self._class_header: bytes | None = None
             return
         rank = {name: index for index, name in enumerate(priority.classes)}
         self.names = priority.classes
         self._default = rank[priority.default]
         self._header = priority.header.encode("latin-1") if priority.header is not None else None
+        self._class_header = self._header if self._header is not None else _PRIORITY
         self._values = {value.encode("latin-1"): rank[name] for value, name in priority.values.items()}
         self._hosts = {host: rank[name] for host, name in priority.hosts.items()}
         self._timeouts = tuple(priority.queue_timeout.get(name, config.queue_timeout) for name in priority.classes)
@@ -91,14 +103,23 @@ class Classifier:
     def classify(
         self, host: str, client_ip: str, headers: Sequence[tuple[bytes, bytes]], lower_names: Sequence[bytes]
     ) -> tuple[int, bytes | str | None]:
-        """(class, tenant) of a request (tenant None without ``fair_by``)."""
-        klass = self._class_of(host, headers, lower_names)
+        """(class, tenant) of a request (tenant None without ``fair_by``), from one pass
+        over its header lines."""
+        class_header = self._class_header
+        tenant_header = self._tenant_header
+        class_values: list[bytes] = []
+        tenant: bytes | None = None
+        for index, lower in enumerate(lower_names):
+            if lower == class_header:
+                class_values.append(headers[index][1])
+            if lower == tenant_header and tenant is None:
+                tenant = headers[index][1]
+        klass = self._class_of(host, class_values) if self.names else 0
         if not self.fair:
             return klass, None
-        if self._tenant_header is None:
+        if tenant_header is None:
             return klass, client_ip
-        values = _header_values(self._tenant_header, headers, lower_names)
-        return klass, values[0].strip()[:MAX_TENANT_KEY] if values else b""
+        return klass, tenant.strip()[:MAX_TENANT_KEY] if tenant is not None else b""
 
     def queue_timeout(self, klass: int) -> float:
         """How long a request of ``klass`` may wait for a slot."""
@@ -107,19 +128,16 @@ class Classifier:
     def class_name(self, klass: int) -> str | None:
         return self.names[klass] if self.names else None
 
-    def _class_of(self, host: str, headers: Sequence[tuple[bytes, bytes]], lower_names: Sequence[bytes]) -> int:
-        if not self.names:
-            return 0
+    def _class_of(self, host: str, values: list[bytes]) -> int:
+        """The class of a request whose class header has ``values``."""
         if self._header is None:
-            given = urgency(_header_values(_PRIORITY, headers, lower_names))
+            given = urgency(values)
             if given is not None:
                 return class_of_urgency(given, len(self.names))
-        else:
-            values = _header_values(self._header, headers, lower_names)
-            if values:
-                mapped = self._values.get(values[0].strip())
-                if mapped is not None:
-                    return mapped
+        elif values:
+            mapped = self._values.get(values[0].strip())
+            if mapped is not None:
+                return mapped
         if self._hosts:
             by_host = self._hosts.get(normalize_host(host))
             if by_host is not None:

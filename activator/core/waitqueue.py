@@ -86,7 +86,7 @@ class _ClassLine:
 class WaitQueue:
     """One service's waiters under a ``QueuePolicy`` (see the module docstring). Does not yield."""
 
-    __slots__ = ("_lines", "_size", "_tenant_counts", "depth", "policy")
+    __slots__ = ("_fair", "_lines", "_size", "_tenant_counts", "_tracks_tenants", "depth", "policy")
 
     def __init__(self, policy: QueuePolicy = PLAIN, depth: int = 100) -> None:
         self._reset(policy, depth)
@@ -94,6 +94,8 @@ class WaitQueue:
     def _reset(self, policy: QueuePolicy, depth: int) -> None:
         self.policy = policy
         self.depth = depth
+        self._fair = policy.fair
+        self._tracks_tenants = policy.fair or policy.tenant_cap is not None
         self._lines = [_ClassLine() for _ in range(policy.classes)]
         # Invariant: the number of waiters.
         self._size = 0
@@ -143,7 +145,9 @@ class WaitQueue:
         lines = self._lines
         if len(lines) == 1:
             return self._pop_from(lines[0])
-        top = next(line for line in lines if line.order)
+        for top in lines:
+            if top.order:
+                break
         limit = self.policy.max_starvation
         if limit is not None:
             starving = self._longest_starving(top, now - limit)
@@ -159,7 +163,7 @@ class WaitQueue:
         line = self._lines[item.klass]
         if line.order.pop(item, _ABSENT) is _ABSENT:
             return False
-        if self.policy.fair:
+        if self._fair:
             mine = line.tenants[item.tenant]
             del mine[item]
             if not mine:
@@ -241,16 +245,12 @@ class WaitQueue:
 
     # -- internals ---------------------------------------------------------------
 
-    @property
-    def _tracks_tenants(self) -> bool:
-        return self.policy.fair or self.policy.tenant_cap is not None
-
     def _add(self, item: Queued, front: bool) -> None:
         line = self._lines[item.klass]
         line.order[item] = None
         if front:
             line.order.move_to_end(item, last=False)
-        if self.policy.fair:
+        if self._fair:
             mine = line.tenants.get(item.tenant)
             if mine is None:
                 mine = line.tenants[item.tenant] = OrderedDict()
@@ -272,7 +272,7 @@ class WaitQueue:
                 del self._tenant_counts[item.tenant]
 
     def _pop_from(self, line: _ClassLine) -> Queued:
-        if not self.policy.fair:
+        if not self._fair:
             item, _ = line.order.popitem(last=False)
             self._forget(item)
             return item
