@@ -18,10 +18,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from builders import svc  # noqa: E402
+from builders import svc
 
-from activator.core.config import FairBy, PriorityConfig  # noqa: E402
-from activator.core.throttler import Grant, ServiceThrottler  # noqa: E402
+from activator.core.config import FairBy, PriorityConfig
+from activator.core.throttler import Grant, ServiceThrottler
 
 BATCH = 2000
 ROUNDS = 15

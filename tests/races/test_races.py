@@ -1,4 +1,4 @@
-"""Races (DESIGN.md tier 2): greenlets through ``activator.gate``, interleaved with
+"""Races (DESIGN.md tier 2): greenlets through ``activator.base.gate``, interleaved with
 topology changes by ``gevent.sleep(0)`` / ``gevent.idle()`` steps only.
 
 Ordering never depends on the wall clock; a wall-clock timeout only bounds a test so
@@ -27,7 +27,8 @@ import pytest
 from builders import Move, moves, pod, svc
 from gevent.event import Event
 
-from activator import gate, hangup
+from activator.base import gate
+from activator.base.writer import Actor, TopologyWriter
 from activator.core.config import Config, ProbeConfig, diff_configs
 from activator.core.errors import ClientGone, QueueFull, QueueTimeout
 from activator.core.events import ConfigChanged, ProbeReport
@@ -35,7 +36,7 @@ from activator.core.probes import Verdict
 from activator.core.states import PodEvent, PodState
 from activator.core.throttler import Effects, Grant, ServiceThrottler, Transition, Waiter
 from activator.core.topology import Topology
-from activator.writer import Actor, TopologyWriter
+from activator.front import hangup
 
 A, B, C = "10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"
 P, H, D, R = PodState.PENDING, PodState.HEALTHY, PodState.DRAINING, PodState.REMOVED
