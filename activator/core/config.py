@@ -98,6 +98,13 @@ def tenant_cap(service: ServiceConfig) -> int:
     return max(1, math.floor(service.tenant_queue_share * service.queue_depth))
 
 
+def longest_queue_timeout(service: ServiceConfig) -> float:
+    """The longest a request of the service may wait for a slot, whatever its class."""
+    if service.priority is None:
+        return service.queue_timeout
+    return max((service.queue_timeout, *service.priority.queue_timeout.values()))
+
+
 @dataclass(frozen=True)
 class FairBy:
     """Who a request's tenant is (``fair_by``): a header's value, or (None) the client's IP."""

@@ -39,7 +39,7 @@ from ..base import gate
 from ..base.exchange import ClientExchange, PodRequest, PodResponse
 from ..base.writer import Actor, TopologyWriter
 from ..core import http
-from ..core.config import ServiceConfig
+from ..core.config import ServiceConfig, longest_queue_timeout
 from ..core.errors import (
     ActivatorError,
     ClientGone,
@@ -471,13 +471,14 @@ class Proxy:
         """The pod timeouts of a service (made once per configuration and reused).
 
         A forwarded request's head may come only after it waited in the receiver's
-        queue: its response-start and total times get ``queue_timeout`` on top.
+        queue: its response-start and total times get the longest ``queue_timeout`` (of any
+        class) on top.
         """
         key = (id(config), forwarding)
         cached = self._timeouts_cache.get(key)
         if cached is not None and cached[0] is config and cached[1].client == self.client_timeout:
             return cached[1]
-        extra = config.queue_timeout if forwarding else 0.0
+        extra = longest_queue_timeout(config) if forwarding else 0.0
         total = None if config.request_timeout is None else config.request_timeout + extra
         timeouts = Timeouts(
             config.connect_timeout,

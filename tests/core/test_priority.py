@@ -209,3 +209,13 @@ def test_the_new_answers_are_503_with_retry_after_and_resource_exhausted(error: 
     status, headers, _ = own_answer_headers(error, grpc=False)
     assert status == 503 and (b"retry-after", b"1") in headers
     assert grpc_status(error) == 8
+
+
+def test_the_longest_queue_timeout_bounds_a_forwarded_requests_wait() -> None:
+    from activator.core.config import longest_queue_timeout
+
+    assert longest_queue_timeout(service(queue_timeout="30s")) == 30.0
+    classed = service(
+        queue_timeout="30s", priority={"classes": CLASSES, "queue_timeout": {"sheddable": "2m", "critical": "5s"}}
+    )
+    assert longest_queue_timeout(classed) == 120.0
