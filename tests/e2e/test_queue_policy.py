@@ -184,3 +184,26 @@ def test_tenants_are_served_round_robin_and_one_cannot_fill_the_queue(pod_factor
     assert {key: s.answer()[0] for key, s in sent.items()} == dict.fromkeys(sent, 200)
     assert pod.stats()["request_ids"] == ["busy", "a1", "b1", "a2", "b2", "a3"]
     act.wait_idle()
+
+
+def test_a_flooding_tenant_does_not_delay_the_quiet_ones_by_more_than_one_turn(pod_factory, activator_factory, mode):
+    """Counted in requests passed, not in time: a quiet tenant's request that arrives
+    behind a flood waits for at most one request of each other tenant."""
+    (pod,) = pod_factory(1)
+    act, send = start(
+        activator_factory, mode, pod, queue_depth=20, fair_by={"header": "X-Tenant"}, tenant_queue_share=0.5
+    )
+    sent = {"busy": send("busy", None, X_Tenant="flood")}
+    holds(pod, "busy")
+    for n in range(1, 9):
+        sent[f"f{n}"] = send(f"f{n}", n, X_Tenant="flood")
+    sent["q1"] = send("q1", 9, X_Tenant="quiet1")
+    sent["q2"] = send("q2", 10, X_Tenant="quiet2")
+    order = ["busy", "f1", "q1", "q2", *[f"f{n}" for n in range(2, 9)]]
+    serve_all(pod, order)
+    assert {key: s.answer()[0] for key, s in sent.items()} == dict.fromkeys(sent, 200)
+    served = pod.stats()["request_ids"]
+    assert served == order
+    # each quiet request passed at most one request of the flood (the one whose turn it was)
+    assert served.index("q1") - served.index("busy") - 1 <= 1 and served.index("q2") - served.index("q1") == 1
+    act.wait_idle()
