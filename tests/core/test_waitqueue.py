@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from activator.core.errors import QueueFull, TenantQueueFull
@@ -173,66 +173,99 @@ policies = st.builds(
 )
 
 
+class Model:
+    """What the queue must do, kept the slow and obvious way: who is queued in arrival
+    order, and (fair) per class the tenants in the order of their turns."""
+
+    def __init__(self, policy: QueuePolicy, depth: int) -> None:
+        self.policy = policy
+        self.depth = depth
+        self.queue = WaitQueue(policy, depth)
+        self.inside: list[Named] = []
+        self.turns: dict[int, list[str | None]] = {}
+
+    def gone(self, waiter: Named) -> None:
+        self.inside.remove(waiter)
+        if not any(w.klass == waiter.klass and w.tenant == waiter.tenant for w in self.inside):
+            self.turns[waiter.klass].remove(waiter.tenant)
+
+    def push(self, newcomer: Named) -> None:
+        policy, inside = self.policy, self.inside
+        before = list(inside)
+        try:
+            shed = self.queue.push(newcomer)
+        except TenantQueueFull:
+            assert policy.tenant_cap is not None
+            assert sum(1 for w in inside if w.tenant == newcomer.tenant) >= policy.tenant_cap
+            return
+        except QueueFull:
+            assert len(inside) >= self.depth
+            assert all(w.klass <= newcomer.klass for w in inside)  # nobody below to shed
+            return
+        if shed is not None:
+            assert len(before) >= self.depth and shed in before
+            lowest = max(w.klass for w in before)
+            assert shed.klass == lowest > newcomer.klass
+            assert shed is [w for w in before if w.klass == lowest][-1]  # the youngest
+            self.gone(shed)  # type: ignore[arg-type]
+        inside.append(newcomer)
+        line = self.turns.setdefault(newcomer.klass, [])
+        if newcomer.tenant not in line:
+            line.append(newcomer.tenant)
+
+    def pop(self, now: float) -> None:
+        policy, inside = self.policy, self.inside
+        out = self.queue.pop(now)
+        if not inside:
+            assert out is None
+            return
+        assert isinstance(out, Named) and out in inside
+        top = min(w.klass for w in inside)
+        if out.klass != top:  # only a starving waiter may pass the highest class
+            assert policy.max_starvation is not None
+            assert now - out.enqueued_at >= policy.max_starvation
+        same = [w for w in inside if w.klass == out.klass and w.tenant == out.tenant]
+        assert same[0] is out  # FIFO within a class and tenant
+        if out.klass == top and not policy.fair:
+            assert out is next(w for w in inside if w.klass == top)
+        if out.klass == top and policy.fair:  # round-robin: the tenant whose turn it is
+            assert out.tenant == self.turns[top][0]
+            self.turns[top].append(self.turns[top].pop(0))
+        self.gone(out)
+
+    def check(self) -> None:
+        """No waiter lost or duplicated; the caps hold."""
+        queue, inside = self.queue, self.inside
+        queue.check_invariants()
+        assert sorted(map(id, queue)) == sorted(map(id, inside))
+        assert len(queue) <= self.depth
+        if self.policy.tenant_cap is not None:
+            for t in "abcd":
+                assert sum(1 for w in inside if w.tenant == t) <= self.policy.tenant_cap
+        assert queue.tenants <= len(queue)
+
+
 @settings(max_examples=300, deadline=None)
 @given(policy=policies, depth=st.integers(0, 6), ops=operations)
+@example(
+    QueuePolicy(fair=True), 6, [("push", 0, "a"), ("push", 0, "a"), ("push", 0, "b"), ("pop", 0, ""), ("pop", 0, "")]
+)
 def test_promises_hold_over_any_sequence(policy: QueuePolicy, depth: int, ops: list[tuple[str, int, str]]) -> None:
-    queue = WaitQueue(policy, depth)
+    model = Model(policy, depth)
     now = 0.0
-    inside: list[Named] = []  # the model: who is queued, in arrival order
-    made = 0
-    for op, number, tenant_name in ops:
+    for made, (op, number, tenant_name) in enumerate(ops):
         tenant = tenant_name if policy.fair or policy.tenant_cap is not None else None
         if op == "push":
-            made += 1
-            newcomer = Named(f"w{made}", min(number, policy.classes - 1), tenant, now)
-            before = list(inside)
-            try:
-                shed = queue.push(newcomer)
-            except TenantQueueFull:
-                assert policy.tenant_cap is not None
-                assert sum(1 for w in inside if w.tenant == tenant) >= policy.tenant_cap
-                continue
-            except QueueFull:
-                assert len(inside) >= depth
-                assert all(w.klass <= newcomer.klass for w in inside)  # nobody below to shed
-                continue
-            if shed is not None:
-                assert len(before) >= depth and shed in before
-                lowest = max(w.klass for w in before)
-                assert shed.klass == lowest > newcomer.klass
-                assert shed is [w for w in before if w.klass == lowest][-1]  # the youngest
-                inside.remove(shed)  # type: ignore[arg-type]
-            inside.append(newcomer)
+            model.push(Named(f"w{made}", min(number, policy.classes - 1), tenant, now))
         elif op == "pop":
-            out = queue.pop(now)
-            if not inside:
-                assert out is None
-                continue
-            assert isinstance(out, Named) and out in inside
-            top = min(w.klass for w in inside)
-            if out.klass != top:  # only a starving waiter may pass the highest class
-                assert policy.max_starvation is not None
-                assert now - out.enqueued_at >= policy.max_starvation
-            # FIFO within a class and tenant
-            same = [w for w in inside if w.klass == out.klass and w.tenant == out.tenant]
-            assert same[0] is out
-            if not policy.fair and out.klass == top:
-                assert out is next(w for w in inside if w.klass == top)
-            inside.remove(out)
-        elif op == "remove" and inside:
-            victim = inside[number % len(inside)]
-            assert queue.remove(victim)
-            inside.remove(victim)
+            model.pop(now)
+        elif op == "remove" and model.inside:
+            victim = model.inside[number % len(model.inside)]
+            assert model.queue.remove(victim)
+            model.gone(victim)
         elif op == "wait":
             now += number
-        queue.check_invariants()
-        # no waiter lost or duplicated; caps hold
-        assert sorted(map(id, queue)) == sorted(map(id, inside))
-        assert len(queue) <= depth
-        if policy.tenant_cap is not None:
-            for t in "abcd":
-                assert sum(1 for w in inside if w.tenant == t) <= policy.tenant_cap
-        assert queue.tenants <= len(queue)
+        model.check()
 
 
 def test_the_views_of_several_processes_merge() -> None:
