@@ -219,3 +219,30 @@ def test_the_longest_queue_timeout_bounds_a_forwarded_requests_wait() -> None:
         queue_timeout="30s", priority={"classes": CLASSES, "queue_timeout": {"sheddable": "2m", "critical": "5s"}}
     )
     assert longest_queue_timeout(classed) == 120.0
+
+
+def test_check_shows_the_classes_and_the_tenants() -> None:
+    from activator.core.config import describe_config
+
+    body = {
+        "hosts": ["api.example.com", "batch.example.com"],
+        "queue_depth": 10,
+        "priority": {
+            "classes": CLASSES,
+            "hosts": {"batch.example.com": "sheddable"},
+            "queue_timeout": {"sheddable": "2m"},
+            "max_starvation": "30s",
+        },
+        "fair_by": {"header": "X-API-Key"},
+        "tenant_queue_share": 0.3,
+    }
+    text = describe_config(parse_config({"services": {"api": body}}, filename="t.yaml", line_of=lambda path: None))
+    assert "priority classes, highest first: critical, standard, sheddable; from Priority: u=0..7 (RFC 9218)" in text
+    assert "u=0..2 critical, u=3..5 standard, u=6..7 sheddable" in text
+    assert "default standard; batch.example.com -> sheddable" in text
+    assert "sheddable: queue_timeout 2m" in text and "max_starvation 30s" in text
+    assert "fair_by header x-api-key: round-robin between tenants, each at most 3 queued" in text
+    plain = describe_config(
+        parse_config({"services": {"api": {"hosts": ["a.example.com"]}}}, filename="t", line_of=lambda p: None)
+    )
+    assert "priority" not in plain and "fair_by" not in plain
