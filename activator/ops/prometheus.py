@@ -12,7 +12,8 @@ What this module decides:
   (SPEC.md): ``requests``, ``responses.{class}``, ``rejected.{reason}``, ``latency``
   and ``queue_wait`` (histograms here, in seconds), the gauges ``queued`` /
   ``in_flight`` / ``tunnels`` / ``capacity`` / ``pods.{state}`` / ``pod.in_flight``,
-  the per-pod transport failure counters, pod state changes, config reloads; for a
+  the per-pod transport failure counters, pod state changes, config reloads; per
+  priority class, queued, the oldest wait and sheds, and the tenants waiting; for a
   service with ``launch:``, ``activator_launch_*`` (desired, running and starting pods;
   started, stopped and failed launches, cold starts and their seconds).
 - ``activator_capacity`` is omitted for an unlimited service (``container_concurrency:
@@ -147,34 +148,20 @@ def families(status: Mapping[str, Any]) -> Iterator[Metric]:
     capacity = _gauge("activator_capacity", "Usable slots: healthy pods' slots owned here", s)
     oldest = _gauge("activator_oldest_wait_seconds", "How long the oldest waiter has waited", s)
     pods = _gauge("activator_pods", "Pods per state", [*s, "state"])
+    class_queued = _gauge("activator_class_queued", "Requests waiting for a slot, per priority class", [*s, "class"])
+    class_oldest = _gauge(
+        "activator_class_oldest_wait_seconds",
+        "How long the oldest waiter of a priority class has waited",
+        [*s, "class"],
+    )
+    class_shed = _counter(
+        "activator_class_shed", "Waiters of a priority class shed from a full queue for a higher class", [*s, "class"]
+    )
+    tenants = _gauge("activator_tenants", "Tenants (fair_by) with requests waiting", s)
     transitions = _counter("activator_pod_transitions", "Pod state changes, by the new state", [*s, "state"])
-    launch_gauges = {
-        key: _gauge(f"activator_launch_{key}", doc, s)
-        for key, doc in (
-            ("desired", "Launched pods the autoscaler wants running"),
-            ("running", "Pods this activator started that are ready"),
-            ("starting", "Pods this activator started that are not ready yet"),
-        )
-    }
-    launch_counters = {
-        key: _counter(f"activator_launch_{key}", doc, s)
-        for key, doc in (
-            ("started", "Pods this activator started"),
-            ("stopped", "Pods this activator stopped (or that ended)"),
-            ("failed", "Launches that failed (exited before ready, or not ready within cold_start_timeout)"),
-            ("cold_starts", "Cold starts that ended with the pod ready"),
-            ("cold_start_seconds", "Time from start to ready, summed over the cold starts"),
-        )
-    }
     pod_families = _PodFamilies()
     for name, service in status.get("services", {}).items():
         labels = [name]
-        launch = service.get("launch")
-        if launch is not None:
-            for key, gauge in launch_gauges.items():
-                gauge.add_metric(labels, launch[key])
-            for key, counter in launch_counters.items():
-                counter.add_metric(labels, launch["cold_start_seconds_total" if key == "cold_start_seconds" else key])
         totals = service.get("totals", {})
         requests.add_metric(labels, totals.get("requests", 0))
         for cls in CLASSES:
@@ -191,6 +178,12 @@ def families(status: Mapping[str, Any]) -> Iterator[Metric]:
         if service.get("capacity") is not None:
             capacity.add_metric(labels, service["capacity"])
         oldest.add_metric(labels, service.get("oldest_wait_seconds", 0))
+        for klass, seen in service.get("classes", {}).items():
+            class_queued.add_metric([name, klass], seen["queued"])
+            class_oldest.add_metric([name, klass], seen["oldest_wait_seconds"])
+            class_shed.add_metric([name, klass], seen["shed"])
+        if "tenants" in service:
+            tenants.add_metric(labels, service["tenants"])
         per_state = dict.fromkeys(STATES, 0)
         for state, count in (dict.fromkeys(STATES, 0) | totals.get("pod_transitions", {})).items():
             transitions.add_metric([name, state], count)
@@ -201,9 +194,40 @@ def families(status: Mapping[str, Any]) -> Iterator[Metric]:
             pods.add_metric([name, state], count)
     yield from (requests, responses, rejected, bytes_in, bytes_out, latency, queue_wait)
     yield from (queued, in_flight, tunnels, capacity, oldest, pods, transitions)
-    yield from launch_gauges.values()
-    yield from launch_counters.values()
+    yield from (class_queued, class_oldest, class_shed, tenants)
+    yield from _launch_families(status.get("services", {}))
     yield from pod_families
+
+
+#: The ``launch`` section's gauges and counters (``activator_launch_*``), with their help.
+_LAUNCH_GAUGES = (
+    ("desired", "Launched pods the autoscaler wants running"),
+    ("running", "Pods this activator started that are ready"),
+    ("starting", "Pods this activator started that are not ready yet"),
+)
+_LAUNCH_COUNTERS = (
+    ("started", "started", "Pods this activator started"),
+    ("stopped", "stopped", "Pods this activator stopped (or that ended)"),
+    ("failed", "failed", "Launches that failed (exited before ready, or not ready within cold_start_timeout)"),
+    ("cold_starts", "cold_starts", "Cold starts that ended with the pod ready"),
+    ("cold_start_seconds", "cold_start_seconds_total", "Time from start to ready, summed over the cold starts"),
+)
+
+
+def _launch_families(services: Mapping[str, Any]) -> Iterator[Metric]:
+    """``activator_launch_*`` of the launched services (their ``launch`` section)."""
+    s = ["service"]
+    gauges = [(key, _gauge(f"activator_launch_{key}", doc, s)) for key, doc in _LAUNCH_GAUGES]
+    counters = [(field, _counter(f"activator_launch_{name}", doc, s)) for name, field, doc in _LAUNCH_COUNTERS]
+    for name, service in services.items():
+        launch = service.get("launch")
+        if launch is not None:
+            for key, gauge in gauges:
+                gauge.add_metric([name], launch[key])
+            for key, counter in counters:
+                counter.add_metric([name], launch[key])
+    yield from (family for _, family in gauges)
+    yield from (family for _, family in counters)
 
 
 class _PodFamilies:
