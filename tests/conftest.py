@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 TESTS_DIR = Path(__file__).resolve().parent
 REPO_ROOT = TESTS_DIR.parent
@@ -26,6 +27,15 @@ for _p in (str(REPO_ROOT), str(TESTS_DIR)):
 
 if TYPE_CHECKING:
     from harness import Activator, NotifySocket, Pod, StatsdReceiver
+
+# Hypothesis's time-based checks (a 200 ms deadline per example, the "too slow" health
+# check) fail at random on a busy machine, and no test here asserts a duration: they are
+# off in the profile a developer gets. With CI set, Hypothesis loads its own "ci" profile
+# (the same, plus derandomized examples and no example database), so that a CI run is
+# reproducible. How many examples a property tries is the test's own ``@settings``.
+settings.register_profile("dev", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+if settings.get_current_profile_name() == "default":
+    settings.load_profile("dev")
 
 
 def pytest_configure(config: pytest.Config) -> None:
