@@ -104,6 +104,41 @@ def activator_factory(request: pytest.FixtureRequest, tmp_path: Path) -> Iterato
         act.close()
 
 
+class Proxied:
+    """One pod behind one activator, ``make_config([pod])``: see :func:`proxied`."""
+
+    def __init__(self, pod: Pod, act: Activator) -> None:
+        self.pod = pod
+        self.act = act
+
+
+@pytest.fixture(scope="module")
+def _proxied_for_the_module(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proxied]:
+    import harness
+
+    with harness.Pod() as pod:
+        config = harness.make_config([pod])
+        with harness.Activator(config, workdir=tmp_path_factory.mktemp("proxied")) as act:
+            yield Proxied(pod, act)
+
+
+@pytest.fixture
+def proxied(request: pytest.FixtureRequest, _proxied_for_the_module: Proxied) -> Iterator[Proxied]:
+    """One pod (``tests/backend.py``, cc 1) behind an activator with the plain config
+    (``make_config([pod])``), started once per module and shared by the tests that leave
+    both as they found them (no reload, no signal, no pod stopped, nothing held): each
+    test gets them idle (every count in ``/status`` back to zero) and the pod's counts
+    zeroed. A test that changes either starts its own (``activator_factory``)."""
+    setup = _proxied_for_the_module
+    setup.act.process.check_running("the shared activator (a test before this one stopped it)")
+    setup.pod.process.check_running("the shared pod (a test before this one stopped it)")
+    setup.act.wait_idle()
+    setup.pod.reset()
+    yield setup
+    if _failed(request):
+        print(f"\n=== shared activator {setup.act.command()} in {setup.act.dir}\n{setup.act.output_tail()}")
+
+
 @pytest.fixture
 def statsd_receiver() -> Iterator[StatsdReceiver]:
     """A UDP socket on 127.0.0.1 collecting StatsD lines; ``.address`` for the config."""
