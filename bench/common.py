@@ -446,13 +446,13 @@ class Baseline(ExtraBuild):
 #: What ``--compiled`` compiles: the modules every proxied HTTP/1.1 request runs through.
 #: Not the core's throttler (mypyc cannot compile its exception subclassing AssertionError).
 COMPILED_MODULES = (
-    "activator/deadlines.py",
-    "activator/hangup.py",
-    "activator/http1.py",
-    "activator/upstream.py",
-    "activator/engine.py",
-    "activator/proxy.py",
-    "activator/gate.py",
+    "activator/base/deadlines.py",
+    "activator/front/hangup.py",
+    "activator/front/http1.py",
+    "activator/pods/http1.py",
+    "activator/front/engine.py",
+    "activator/proxy/responder.py",
+    "activator/base/gate.py",
     "activator/core/http.py",
     "activator/core/lb.py",
 )
@@ -475,11 +475,11 @@ class Compiled(ExtraBuild):
         super().remove()
         shutil.copytree(ROOT / "activator", self.path / "activator", ignore=shutil.ignore_patterns("__pycache__"))
         shutil.copy2(ROOT / "pyproject.toml", self.path / "pyproject.toml")  # mypy's settings
-        upstream = self.path / "activator" / "upstream.py"
+        upstream = self.path / "activator" / "pods" / "http1.py"
         protocol_default = "def read(self, size: int = ...) -> bytes: ..."
         text = upstream.read_text()
         if protocol_default not in text:
-            raise RuntimeError(f"{protocol_default!r} not found in activator/upstream.py")
+            raise RuntimeError(f"{protocol_default!r} not found in activator/pods/http1.py")
         upstream.write_text(text.replace(protocol_default, protocol_default.replace("= ...", "= -1")))
         t0 = time.monotonic()
         compiled = subprocess.run(
@@ -494,9 +494,9 @@ class Compiled(ExtraBuild):
             raise RuntimeError(f"mypyc failed: {(compiled.stdout + compiled.stderr)[-500:]}")
         env = {"PYTHONPATH": str(self.path)}
         build = Build("activator (this tree, mypyc-compiled)", [PYTHON, "-m", "activator"], env, self.path)
-        imported = self._imported_from_path(build, "activator.http1")
+        imported = self._imported_from_path(build, "activator.front.http1")
         if not imported.name.endswith(".so"):
-            raise RuntimeError(f"activator.http1 is not the compiled module ({imported})")
+            raise RuntimeError(f"activator.front.http1 is not the compiled module ({imported})")
         log(f"compiled {len(COMPILED_MODULES)} modules with mypyc in {time.monotonic() - t0:.0f}s")
         return build
 

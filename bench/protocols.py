@@ -797,7 +797,7 @@ def _h2c_vs_h1(ctx: c.Ctx, procs: c.Procs, sec: Section, have_haproxy: bool) -> 
     sec.notes.append(
         "(d) `h2load -c50 -m10` keeps 500 requests in flight (`wrk -c50` and `h2load -c50 -m1`: 50). activator "
         "speaks HTTP/1.1 to the pod, one connection per request in flight, and keeps at most 64 idle connections "
-        "per pod (`UpstreamPool(max_idle=64)`, `activator/pods.py`): with more requests than that in flight to "
+        "per pod (`UpstreamPool(max_idle=64)`, `activator/pods/clients.py`): with more requests than that in flight to "
         "one pod, the connections above 64 are closed after their response and new ones opened, which the 'pod "
         "connections opened' column counts. The -m1 row is the protocol's own cost at the same concurrency."
     )

@@ -61,9 +61,10 @@ import httptools
 from gevent.select import select as gselect
 from gevent.socket import wait_read
 
-from . import deadlines, hangup
-from .core import heads, http
-from .core.errors import (
+from ..base import deadlines
+from ..base.exchange import ClientExchange
+from ..core import heads, http
+from ..core.errors import (
     ActivatorError,
     BadRequest,
     BodyTooLarge,
@@ -74,8 +75,8 @@ from .core.errors import (
     MalformedTarget,
     RequestLineTooLong,
 )
-from .core.heads import BodyFraming, RequestHead
-from .exchange import ClientExchange
+from ..core.heads import BodyFraming, RequestHead
+from . import hangup
 from .sockets import shutdown_keeping_tls
 
 #: One recv from the client.
