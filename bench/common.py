@@ -598,10 +598,13 @@ def start_backend(
 
 
 def start_nginx(
-    procs: Procs, name: str = "nginx", *, any_address: bool = False, role: str | None = "load"
+    procs: Procs, name: str = "nginx", *, any_address: bool = False, role: str | None = "load", h2c: bool = False
 ) -> tuple[harness.Process, int]:
-    """nginx answering every request with 200 "hello" (5 bytes), one worker, keep-alive forever."""
+    """nginx answering every request with 200 "hello" (5 bytes), one worker, keep-alive forever;
+    with ``h2c``, HTTP/2 with prior knowledge instead of HTTP/1.1 (1,000 streams per connection)."""
     nginx = procs.ctx.tools.get("nginx")
+    if nginx is None and h2c:
+        raise RuntimeError("nginx not available (the h2c pod)")
     if nginx is None:  # fallback: the gevent test pod (much slower than nginx; noted in the results)
         if "nginx missing: tests/backend.py stands in for it" not in procs.ctx.notes:
             procs.ctx.note("nginx missing: tests/backend.py stands in for it")
@@ -612,7 +615,8 @@ def start_nginx(
     for sub in ("logs", "tmp"):
         (prefix / sub).mkdir(exist_ok=True)
     user = "user root;\n" if os.geteuid() == 0 else ""
-    listen = f"{port}" if any_address else f"{LOCALHOST}:{port}"
+    listen = (f"{port}" if any_address else f"{LOCALHOST}:{port}") + (" http2" if h2c else "")
+    streams = "  http2_max_concurrent_streams 1000;\n" if h2c else ""
     conf = f"""{user}worker_processes 1;
 daemon off;
 pid {prefix}/nginx.pid;
@@ -628,7 +632,7 @@ http {{
   scgi_temp_path {prefix}/tmp/scgi;
   keepalive_requests 100000000;
   keepalive_timeout 600s;
-  default_type text/plain;
+{streams}  default_type text/plain;
   server {{
     listen {listen} backlog=4096;
     location / {{ return 200 "hello"; }}
@@ -641,7 +645,10 @@ http {{
         [nginx, "-p", str(prefix), "-c", str(prefix / "nginx.conf"), "-e", str(prefix / "logs" / "error.log")],
         role=role,
     )
-    harness.wait_http(f"{LOCALHOST}:{port}", "/", process=proc, timeout=10)
+    if h2c:
+        harness.wait_listening(f"{LOCALHOST}:{port}", process=proc, timeout=10)
+    else:
+        harness.wait_http(f"{LOCALHOST}:{port}", "/", process=proc, timeout=10)
     return proc, port
 
 
@@ -662,6 +669,18 @@ def start_hello(procs: Procs, name: str = "hello") -> tuple[harness.Process, int
 def start_forwarder(procs: Procs, upstream: int, name: str = "forwarder") -> tuple[harness.Process, int]:
     """bench/forwarder.py in front of 127.0.0.1:upstream, once a request went through it."""
     return _start_server(procs, name, "bench.forwarder", ["--upstream", f"{LOCALHOST}:{upstream}"], "/", "proxy")
+
+
+def start_h2_forwarder(
+    procs: Procs, upstream: int, name: str = "h2-forwarder", *, pod_h2c: bool = False
+) -> tuple[harness.Process, int]:
+    """bench/h2forwarder.py (h2c clients) in front of 127.0.0.1:upstream (an h2c pod with
+    ``pod_h2c``, else HTTP/1.1), once it listens (it speaks no HTTP/1.1 to wait with)."""
+    port = harness.free_port()
+    cmd = [PYTHON, "-m", "bench.h2forwarder", "--port", str(port), "--upstream", f"{LOCALHOST}:{upstream}"]
+    proc = procs.start(name, [*cmd, *(["--pod-h2c"] if pod_h2c else [])], role="proxy")
+    proc.wait_output(rf"^READY {port}$", timeout=15)
+    return proc, port
 
 
 def start_twowrite_pod(
