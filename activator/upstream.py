@@ -83,7 +83,7 @@ from .core.errors import (
 )
 from .core.heads import (
     RESPONSE_NOTED,
-    TRAILING_WHITESPACE,
+    WHITESPACE,
     BodyFraming,
     Header,
     ResponseHead,
@@ -298,7 +298,6 @@ class PodConnection(PodResponse):
         "_timeouts",
         "_interim",
         "_remaining",
-        "_sent_at",
         "_reason_parts",
         "_interims",
         "_pending",
@@ -339,7 +338,6 @@ class PodConnection(PodResponse):
         self._timeouts = timeouts
         self._interim = request.interim
         self._remaining = 0
-        self._sent_at = 0.0
         self.replayable = True
         self.head = ResponseHead()
         self.trailers = ()
@@ -393,7 +391,8 @@ class PodConnection(PodResponse):
         """Send the request, read until the final head. Closes the connection on failure."""
         sock = self.sock
         try:
-            self._sent_at = now = time.monotonic()
+            now = time.monotonic()
+            self._total_deadline = self._timeouts.total_deadline(now)
             try:
                 sent = sock.send(payload)
                 if sent < len(payload):
@@ -426,12 +425,10 @@ class PodConnection(PodResponse):
         except BaseException:
             self.abort()
             raise
-        self._total_deadline = self._timeouts.total_deadline(self._sent_at)
 
     def _head_deadline(self) -> float:
         """When the response head is due: ``response_start`` from now, within ``total``."""
-        timeouts = self._timeouts
-        return timeouts.head_deadline(time.monotonic(), timeouts.total_deadline(self._sent_at))
+        return self._timeouts.head_deadline(time.monotonic(), self._total_deadline)
 
     def _send_rest(self) -> bool:
         """Stream the rest of the body. True if the pod sent a final answer before the end."""
@@ -591,8 +588,7 @@ class PodConnection(PodResponse):
         self._reason_parts = add_line(self._reason_parts, reason)
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        if value[-1:] in TRAILING_WHITESPACE:  # not part of the value (RFC 9110 5.5)
-            value = value.rstrip(b" \t")
+        value = value.rstrip(WHITESPACE)  # not part of the value (RFC 9110 5.5)
         if self.head_done:
             if self.complete:  # a message after this response: not ours
                 self._extra = True
