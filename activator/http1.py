@@ -664,17 +664,19 @@ class H1Connection(deadlines.Watched):
     def _feed_piece(self, piece: bytes, to_llhttp: bytes) -> bytes | None:
         """Feed one piece; what followed the head of an Upgrade request in it (llhttp
         stopped there), else None."""
-        self._tail = piece[-3:]
         if self._current is None or not self._current.head_done:
             self._head_raw += piece
         try:
             self._parser.feed_data(to_llhttp)
         except httptools.HttpParserUpgrade as upgrade:
+            self._tail = piece[-3:]
             self._upgrade_ended = True
             return piece[upgrade.args[0] - self._shift :]
         except httptools.HttpParserError as error:
             self._stopped = True  # llhttp is in an error state: nothing more is parsed
             self._parse_failed(error)
+        if self._current is not None:  # only a message that goes on looks at it
+            self._tail = piece[-3:]
         return None
 
     def _after_upgrade_head(self, data: bytes) -> bytes:

@@ -288,7 +288,7 @@ class Proxy:
             if record.status != 101:  # a tunnel counted its own bytes
                 record.bytes_out = exchange.bytes_sent
                 record.bytes_in = exchange.body_bytes
-            if exchange.was_cut and not exchange.finished:
+            if not exchange.finished and exchange.was_cut:
                 record.status, record.reason = 499, "client-gone"
             elif record.status == 0:
                 record.status = exchange.status

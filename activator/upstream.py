@@ -305,7 +305,6 @@ class PodConnection(PodResponse):
         "_extra",
         "_head_buffer",
         "_fed_without_data",
-        "_other_coding",
         "_total_deadline",
         "_open",
         "_gone_poll",
@@ -356,7 +355,6 @@ class PodConnection(PodResponse):
         self._head_buffer = b""
         self._fed_without_data = 0  # bytes fed before the head was done, or since body data came
         self._total_deadline: float | None = None
-        self._other_coding = False
 
     def readable_or_closed(self) -> bool:
         """Whether the pod sent something (or closed) on this connection. Does not wait."""
@@ -601,8 +599,6 @@ class PodConnection(PodResponse):
         head.lower_names.append(lower)
         if lower in RESPONSE_NOTED:
             head.note(lower, value)
-            if lower == b"transfer-encoding":
-                self._other_coding = not head.chunked  # refused in on_headers_complete
 
     def on_headers_complete(self) -> None:
         if self.head_done:
@@ -619,7 +615,7 @@ class PodConnection(PodResponse):
             self._interims = add_line(self._interims, (status, reason, head.headers))
             self.head = ResponseHead()
             return
-        if self._other_coding:
+        if head.chunked is False:  # a coding other than chunked: not relayed
             raise httptools.HttpParserError("a Transfer-Encoding other than chunked")
         head.status = status
         head.reason = reason

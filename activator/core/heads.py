@@ -543,8 +543,9 @@ class ResponseHead:
         # Lines few responses carry: no list until one comes (``add_line``).
         self.connection_values: list[bytes] | tuple[()] = ()
         self.content_length: int | None = None
-        #: The body is chunked (HTTP/1.1: the last transfer coding says so).
-        self.chunked = False
+        #: The body is chunked (HTTP/1.1: the last transfer coding says so); None while
+        #: no Transfer-Encoding line came (False: one came, and it is not chunked).
+        self.chunked: bool | None = None
 
     def note(self, lower: bytes, value: bytes) -> None:
         """A field activator looks at (``lower`` is in ``RESPONSE_NOTED``), as the pod
