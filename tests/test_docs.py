@@ -27,9 +27,9 @@ import pytest
 import yaml
 from harness import activator_command, child_env
 
-from activator.configfile import parse_config_text
 from activator.core.errors import ConfigError
-from activator.observe import RequestRecord
+from activator.ops.observe import RequestRecord
+from activator.process.configfile import parse_config_text
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()

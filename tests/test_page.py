@@ -22,8 +22,8 @@ import pytest
 from builders import svc
 from prometheus_client.parser import text_string_to_metric_families
 
-from activator.history import REFUSED_BEFORE_ROUTING, SERVICE_REASONS, History
-from activator.logs import (
+from activator.ops.history import REFUSED_BEFORE_ROUTING, SERVICE_REASONS, History
+from activator.ops.logs import (
     NOTICE,
     JournalFormatter,
     LineFormatter,
@@ -32,9 +32,9 @@ from activator.logs import (
     setup_logging,
     stream_is_journal,
 )
-from activator.observe import RequestRecord
-from activator.page import CSV_COLUMNS, POD_TABLE, VISIBLE_PODS, render_page, status_csv, trouble_key
-from activator.prometheus import CONTENT_TYPE, render
+from activator.ops.observe import RequestRecord
+from activator.ops.page import CSV_COLUMNS, POD_TABLE, VISIBLE_PODS, render_page, status_csv, trouble_key
+from activator.ops.prometheus import CONTENT_TYPE, render
 
 STATES = ("healthy", "pending", "draining", "removed")
 
@@ -468,7 +468,7 @@ def test_an_unexpected_error_in_a_greenlet_is_logged_once_with_its_traceback(res
 
 
 def test_a_fatal_line_gets_its_priority_under_the_journal(monkeypatch: Any) -> None:
-    from activator.logs import fatal
+    from activator.ops.logs import fatal
 
     with tempfile.NamedTemporaryFile("w+") as f:
         stat = os.fstat(f.fileno())

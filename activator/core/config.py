@@ -3,7 +3,7 @@
 This module decides what a valid configuration is. ``parse_config`` takes plain data
 (dicts, lists, scalars, as a YAML parser returns them) plus a way to find the line of
 each key, and returns a frozen ``Config`` or raises ``ConfigError`` naming file, line
-and key. It never reads files itself (``activator.configfile`` does).
+and key. It never reads files itself (``activator.process.configfile`` does).
 
 Rules: unknown keys are errors at every level; integers are ints (not bools or floats);
 durations are seconds or strings with a unit (``250ms``, ``30s``, ``5m``, ``1h``);
@@ -30,8 +30,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import Field, dataclass, field, fields, is_dataclass
 from typing import Any, TypeVar
 
-from activator.core.errors import ConfigError
-from activator.core.h2budgets import H2Budgets
+from .errors import ConfigError
+from .h2budgets import H2Budgets
 
 LB_POLICIES = ("auto", "first-available", "round-robin", "least-in-flight")
 _OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
@@ -538,14 +538,7 @@ class _Parser:
 
     def statsd(self, value: object, path: KeyPath) -> StatsdConfig:
         m = self.section(value, path, _STATSD_KEYS)
-        prefix = StatsdConfig.prefix
-        if m.has("prefix"):
-            prefix = self.name(
-                m.get("prefix"),
-                m.path("prefix"),
-                _STATSD_PREFIX,
-                "dot-separated words of A-Z a-z 0-9 _ -",
-            )
+        prefix = m.name("prefix", StatsdConfig.prefix, _STATSD_PREFIX, "dot-separated words of A-Z a-z 0-9 _ -")
         return StatsdConfig(
             address=self.address(m.required("address"), m.path("address")),
             prefix=prefix,
@@ -739,14 +732,7 @@ class _Parser:
     def probe(self, value: object, path: KeyPath) -> ProbeConfig:
         m = self.section(value, path, _PROBE_KEYS)
         d = ProbeConfig()
-        probe_path = d.path
-        if m.has("path"):
-            probe_path = self.name(
-                m.get("path"),
-                m.path("path"),
-                _PROBE_PATH,
-                "a URL path starting with / (no spaces)",
-            )
+        probe_path = m.name("path", d.path, _PROBE_PATH, "a URL path starting with / (no spaces)")
         return ProbeConfig(
             path=probe_path,
             interval=m.duration("interval", d.interval, positive=True),
@@ -826,6 +812,11 @@ class _Section:
         if key not in self.mapping:
             return default
         return self.parser.boolean(self.mapping[key], self.path(key))
+
+    def name(self, key: str, default: str, pattern: re.Pattern[str], what: str) -> str:
+        if key not in self.mapping:
+            return default
+        return self.parser.name(self.mapping[key], self.path(key), pattern, what)
 
     def duration(self, key: str, default: float, *, positive: bool = False) -> float:
         """``positive``: zero makes no sense (a timeout of zero could never be met)."""

@@ -319,16 +319,7 @@ class ServiceThrottler:
     def retry_here(self, failed: Grant, now: float) -> tuple[Grant | None, Effects]:
         """Shared mode ``acquire_retry``: another free pod's slot, or None (queue at the
         exchange); ``failed`` is given back after the choice."""
-        if failed.released:
-            raise InvariantViolation(f"retry of a grant on {failed.pod.address} given back already")
-        excluded = failed.pod
-        excluded.retries += 1
-        was_available = excluded in self.policy
-        if was_available:
-            self.policy.discard(excluded)
-        pod = self.policy.pick() if not self.contended else None
-        if was_available:
-            self._refresh(excluded)
+        pod = self._other_pod(failed, may_pick=not self.contended)
         grant = self._grant(pod) if pod is not None else None
         self._release(failed, now, answered=False)
         return grant, self._effects()
@@ -393,16 +384,7 @@ class ServiceThrottler:
         of the queue (it already waited its turn). ``failed`` is released here, after
         the choice, so that its freed slot is not the first one offered.
         """
-        if failed.released:
-            raise InvariantViolation(f"retry of a grant on {failed.pod.address} given back already")
-        excluded = failed.pod
-        excluded.retries += 1
-        was_available = excluded in self.policy
-        if was_available:
-            self.policy.discard(excluded)
-        pod = self.policy.pick() if not self._queue else None
-        if was_available:
-            self._refresh(excluded)
+        pod = self._other_pod(failed, may_pick=not self._queue)
         first: Grant | Waiter
         if pod is not None:
             first = self._grant(pod)
@@ -412,6 +394,21 @@ class ServiceThrottler:
             self._queue.move_to_end(first, last=False)
         self._release(failed, now, answered=False)
         return first, self._effects()
+
+    def _other_pod(self, failed: Grant, may_pick: bool) -> Pickable | None:
+        """For a retry: a free pod other than ``failed``'s, if ``may_pick`` (nobody is in
+        line before the request), or None. ``failed`` is not given back here."""
+        if failed.released:
+            raise InvariantViolation(f"retry of a grant on {failed.pod.address} given back already")
+        excluded = failed.pod
+        excluded.retries += 1
+        was_available = excluded in self.policy
+        if was_available:
+            self.policy.discard(excluded)
+        pod = self.policy.pick() if may_pick else None
+        if was_available:
+            self._refresh(excluded)
+        return pod
 
     def abandon(self, waiter: Waiter) -> Grant | None:
         """The waiter gives up (timeout, client gone). Returns its grant if it got one

@@ -31,13 +31,13 @@ import gevent
 from gevent.event import Event
 from gevent.queue import Queue
 
-from .core import slotexchange as wire
-from .core.errors import ClientGone, QueueFull, QueueTimeout
-from .core.events import Event as TopologyEvent
-from .core.slotexchange import Borrowed, LedgerEffects, QueueIsFull, Redirect, SlotExchange, WorkerLedger
-from .core.throttler import Effects, Grant, ServiceThrottler
-from .core.topology import Topology
-from .gate import Client, Redirected, wait_watching
+from ..base.gate import Client, Redirected, wait_watching
+from ..core import slotexchange as wire
+from ..core.errors import ClientGone, QueueFull, QueueTimeout
+from ..core.events import Event as TopologyEvent
+from ..core.slotexchange import Borrowed, LedgerEffects, QueueIsFull, Redirect, SlotExchange, WorkerLedger
+from ..core.throttler import Effects, Grant, ServiceThrottler
+from ..core.topology import Topology
 
 log = logging.getLogger("activator")
 

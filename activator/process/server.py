@@ -50,31 +50,31 @@ import gevent
 import gevent.lock
 from gevent.event import Event
 
-from . import __version__
-from .admin import make_admin_app
+from .. import __version__
+from ..base.writer import Actor, TopologyWriter
+from ..core.config import Address, Config, ConfigDiff, LimitsConfig, TlsConfig, diff_configs
+from ..core.errors import ConfigError
+from ..core.events import ConfigChanged, Tick, TransportFailure, ViewReceived
+from ..core.events import Event as TopologyEvent
+from ..core.throttler import Grant, ServiceThrottler
+from ..core.topology import Topology
+from ..fleet.peers import PeerChecker, PeerEndpoint
+from ..fleet.sharing import SlotSharing
+from ..front.engine import HttpServer
+from ..front.sockets import CannotListen, listen_socket
+from ..front.tls import load_context
+from ..ops.admin import make_admin_app
+from ..ops.logs import fatal, setup_logging
+from ..ops.metrics import make_metrics
+from ..ops.observe import Observer
+from ..pods.clients import PodClients
+from ..pods.prober import Prober
+from ..proxy.responder import Proxy, make_app
 from .configfile import load_config
-from .core.config import Address, Config, ConfigDiff, LimitsConfig, TlsConfig, diff_configs
-from .core.errors import ConfigError
-from .core.events import ConfigChanged, Tick, TransportFailure, ViewReceived
-from .core.events import Event as TopologyEvent
-from .core.throttler import Grant, ServiceThrottler
-from .core.topology import Topology
-from .engine import HttpServer
-from .logs import fatal, setup_logging
-from .metrics import make_metrics
-from .observe import Observer
-from .peers import PeerChecker, PeerEndpoint
-from .pods import PodClients
-from .prober import Prober
-from .proxy import Proxy, make_app
-from .sharing import SlotSharing
 from .signals import Signals
-from .sockets import CannotListen, listen_socket
 from .systemd import Notifier, StatusLine, run_watchdog
-from .tls import load_context
 from .watcher import FileWatcher
 from .workersockets import WorkerSockets
-from .writer import Actor, TopologyWriter
 
 log = logging.getLogger("activator")
 

@@ -27,7 +27,8 @@ from typing import Any
 
 import gevent
 
-from . import deadlines, sockets
+from ..base import deadlines
+from ..front import sockets
 
 PIECE = 65536
 

@@ -16,10 +16,10 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Protocol
 
-from .core.timeouts import Timeouts
-from .exchange import PodRequest, PodResponse
-from .upstream import UpstreamPool
-from .upstream_h2 import H2PodPool
+from ..base.exchange import PodRequest, PodResponse
+from ..core.timeouts import Timeouts
+from .h2c import H2PodPool
+from .http1 import UpstreamPool
 
 HTTP1 = "http1"
 H2C = "h2c"

@@ -24,17 +24,17 @@ from collections.abc import Callable
 import gevent
 from gevent.event import Event as Flag
 
-from .core import peering
-from .core.events import Event as TopologyEvent
-from .core.events import PeerChecked, ViewReceived
-from .core.fleet import CheckTarget
-from .core.heads import BodyFraming, Header
-from .core.peering import ACTIVATOR_SCOPE, Answer, Check, PeerAuthError, PeerState
-from .core.timeouts import Timeouts
-from .core.topology import Topology
-from .exchange import ClientExchange, PodRequest
-from .pods import split_address
-from .upstream import FixedBody, UpstreamPool
+from ..base.exchange import ClientExchange, PodRequest
+from ..core import peering
+from ..core.events import Event as TopologyEvent
+from ..core.events import PeerChecked, ViewReceived
+from ..core.fleet import CheckTarget
+from ..core.heads import BodyFraming, Header
+from ..core.peering import ACTIVATOR_SCOPE, Answer, Check, PeerAuthError, PeerState
+from ..core.timeouts import Timeouts
+from ..core.topology import Topology
+from ..pods.clients import split_address
+from ..pods.http1 import FixedBody, UpstreamPool
 
 log = logging.getLogger("activator")
 

@@ -40,14 +40,14 @@ import gevent
 import gevent.subprocess
 from gevent.event import Event
 
-from .admin import make_admin_app
-from .core.config import Config, LimitsConfig
-from .core.status import merge_worker_statuses
-from .engine import HttpServer
-from .history import merge_histories
-from .sharing import ExchangeHub, socket_pair
+from ..core.config import Config, LimitsConfig
+from ..core.status import merge_worker_statuses
+from ..fleet.sharing import ExchangeHub, socket_pair
+from ..front.engine import HttpServer
+from ..front.sockets import listen_socket
+from ..ops.admin import make_admin_app
+from ..ops.history import merge_histories
 from .signals import Signals
-from .sockets import listen_socket
 from .systemd import Notifier, run_watchdog
 from .workersockets import ENV, WorkerSockets
 
@@ -138,9 +138,9 @@ class Supervisor:
     # -- status -----------------------------------------------------------------
 
     def _fetch(self, worker: Worker, path: str) -> tuple[int, bytes]:
-        from .core.timeouts import Timeouts
-        from .exchange import PodRequest
-        from .upstream import UpstreamPool
+        from ..base.exchange import PodRequest
+        from ..core.timeouts import Timeouts
+        from ..pods.http1 import UpstreamPool
 
         host, _, port = worker.admin_address.rpartition(":")
         pool = UpstreamPool(host, int(port), max_idle=0)

@@ -99,14 +99,9 @@ from h2.settings import SettingCodes, Settings
 from hyperframe.exceptions import HyperframeError
 from hyperframe.frame import GoAwayFrame, SettingsFrame
 
-from . import deadlines
-from .core import heads, http
-from .core.config import LimitsConfig
-from .core.errors import ActivatorError, BodyTooLarge, ClientGone, ClientTimeout, MalformedMessage
-from .core.h2budgets import EMPTY_FRAMES, PINGS, PRIORITY, RESETS, SETTINGS, WINDOW_UPDATES, Budget, BudgetMeter
-from .core.heads import BodyFraming, Header, RequestHead
-from .exchange import ClientExchange, QueueShare
-from .h2wire import (
+from ..base import deadlines
+from ..base.exchange import ClientExchange, QueueShare
+from ..base.h2wire import (
     CLIENT_PREFACE,
     COUNT_CONTINUATIONS,
     COUNT_EMPTY,
@@ -119,6 +114,11 @@ from .h2wire import (
     FrameScanner,
     H2Wire,
 )
+from ..core import heads, http
+from ..core.config import LimitsConfig
+from ..core.errors import ActivatorError, BodyTooLarge, ClientGone, ClientTimeout, MalformedMessage
+from ..core.h2budgets import EMPTY_FRAMES, PINGS, PRIORITY, RESETS, SETTINGS, WINDOW_UPDATES, Budget, BudgetMeter
+from ..core.heads import BodyFraming, Header, RequestHead
 from .http1 import linger
 from .sockets import shutdown_keeping_tls
 

@@ -88,13 +88,13 @@ import gevent.socket
 import statsd
 from gevent.resolver.blocking import Resolver as BlockingResolver
 
-from .core.config import Address, StatsdConfig
-from .core.failures import FailureKind
-from .core.h2budgets import Budget
-from .core.peering import PeerState
-from .core.states import PodState
-from .core.throttler import PodTracker, ServiceThrottler, Transition
-from .core.topology import Topology
+from ..core.config import Address, StatsdConfig
+from ..core.failures import FailureKind
+from ..core.h2budgets import Budget
+from ..core.peering import PeerState
+from ..core.states import PodState
+from ..core.throttler import PodTracker, ServiceThrottler, Transition
+from ..core.topology import Topology
 from .history import REASONS
 from .observe import MetricsSink, NoMetrics, RequestRecord
 

@@ -21,9 +21,9 @@ from typing import Protocol
 
 from gevent.event import Event
 
+from ..core.errors import ClientGone, QueueTimeout
+from ..core.throttler import Effects, Grant, ServiceThrottler, Waiter
 from . import deadlines
-from .core.errors import ClientGone, QueueTimeout
-from .core.throttler import Effects, Grant, ServiceThrottler, Waiter
 
 
 class Client(Protocol):

@@ -35,12 +35,12 @@ import time
 from collections.abc import Mapping
 from typing import IO, Protocol
 
-from .core.config import ProbeConfig
-from .core.errors import ActivatorError
-from .core.h2budgets import Budget
-from .core.http import own_answer_headers
-from .core.states import PodEvent, PodState
-from .core.throttler import ServiceThrottler, Transition
+from ..core.config import ProbeConfig
+from ..core.errors import ActivatorError
+from ..core.h2budgets import Budget
+from ..core.http import own_answer_headers
+from ..core.states import PodEvent, PodState
+from ..core.throttler import ServiceThrottler, Transition
 from .history import History
 from .logs import NOTICE
 

@@ -73,15 +73,10 @@ import httptools
 from gevent import socket as gsocket
 from gevent.monkey import get_original
 
-from . import deadlines
-from .core.errors import (
-    ClientBodyError,
-    UpstreamBadResponse,
-    UpstreamBodyError,
-    UpstreamConnectError,
-    UpstreamTimeout,
-)
-from .core.heads import (
+from ..base import deadlines
+from ..base.exchange import BodySource, PodRequest, PodResponse
+from ..core.errors import ClientBodyError, UpstreamBadResponse, UpstreamBodyError, UpstreamConnectError, UpstreamTimeout
+from ..core.heads import (
     RESPONSE_NOTED,
     WHITESPACE,
     BodyFraming,
@@ -90,9 +85,8 @@ from .core.heads import (
     add_line,
     response_framing,
 )
-from .core.http import header_block
-from .core.timeouts import Timeouts
-from .exchange import BodySource, PodRequest, PodResponse
+from ..core.http import header_block
+from ..core.timeouts import Timeouts
 
 __all__ = ["FixedBody", "PodConnection", "UpstreamPool"]
 

@@ -21,8 +21,8 @@ from __future__ import annotations
 import os
 import ssl
 
-from .core.config import TlsConfig
-from .core.errors import ConfigError
+from ..core.config import TlsConfig
+from ..core.errors import ConfigError
 
 ALPN = ("h2", "http/1.1")
 

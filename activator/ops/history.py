@@ -50,7 +50,7 @@ from collections import deque
 from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
-from .core.errors import (
+from ..core.errors import (
     ActivatorError,
     BadHost,
     BadRequest,
@@ -65,8 +65,8 @@ from .core.errors import (
     UnsupportedMethod,
     UnsupportedTransferEncoding,
 )
-from .core.states import PodState
-from .core.throttler import PodTracker, ServiceThrottler, Transition
+from ..core.states import PodState
+from ..core.throttler import PodTracker, ServiceThrottler, Transition
 
 #: Points kept per series: fifteen minutes at one a second.
 POINTS = 900

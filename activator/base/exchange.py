@@ -28,9 +28,9 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from ..core.errors import ActivatorError
+from ..core.heads import BodyFraming, Header, RequestHead, ResponseHead
 from . import deadlines
-from .core.errors import ActivatorError
-from .core.heads import BodyFraming, Header, RequestHead, ResponseHead
 
 #: What the proxy relays for each 1xx: (status, reason, header lines as the pod sent them).
 InterimCallback = Callable[[int, bytes, list[Header]], None]

@@ -35,10 +35,12 @@ import falcon
 import gevent
 import gevent.event
 
-from . import gate
-from .core import http
-from .core.config import ServiceConfig
-from .core.errors import (
+from ..base import gate
+from ..base.exchange import ClientExchange, PodRequest, PodResponse
+from ..base.writer import Actor, TopologyWriter
+from ..core import http
+from ..core.config import ServiceConfig
+from ..core.errors import (
     ActivatorError,
     ClientGone,
     DeadlineExceeded,
@@ -51,23 +53,21 @@ from .core.errors import (
     UpstreamConnectError,
     UpstreamTimeout,
 )
-from .core.events import PeerChecked, TransportFailure
-from .core.failures import CONNECT_RETRIES, FailureKind, may_retry_elsewhere
-from .core.fleet import Forward
-from .core.heads import BodyFraming, Header, client_framing, connection_tokens
-from .core.peering import PEER_PATH
-from .core.slotexchange import Borrowed
-from .core.throttler import Grant, ServiceThrottler
-from .core.timeouts import Timeouts
-from .core.topology import Topology, may_forward
-from .engine import EXCHANGE
-from .exchange import ClientExchange, PodRequest, PodResponse
-from .observe import Observer, RequestRecord
-from .peers import PeerEndpoint
-from .pods import H2C, HTTP1, PodClient
-from .sharing import SlotSharing
+from ..core.events import PeerChecked, TransportFailure
+from ..core.failures import CONNECT_RETRIES, FailureKind, may_retry_elsewhere
+from ..core.fleet import Forward
+from ..core.heads import BodyFraming, Header, client_framing, connection_tokens
+from ..core.peering import PEER_PATH
+from ..core.slotexchange import Borrowed
+from ..core.throttler import Grant, ServiceThrottler
+from ..core.timeouts import Timeouts
+from ..core.topology import Topology, may_forward
+from ..fleet.peers import PeerEndpoint
+from ..fleet.sharing import SlotSharing
+from ..front.engine import EXCHANGE
+from ..ops.observe import Observer, RequestRecord
+from ..pods.clients import H2C, HTTP1, PodClient
 from .tunnel import Tunnel
-from .writer import Actor, TopologyWriter
 
 log = logging.getLogger("activator")
 

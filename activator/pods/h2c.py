@@ -112,20 +112,14 @@ from h2.settings import SettingCodes, Settings
 from hyperframe.exceptions import HyperframeError
 from hyperframe.frame import GoAwayFrame
 
-from . import deadlines
-from .core.errors import (
-    ClientBodyError,
-    UpstreamBadResponse,
-    UpstreamBodyError,
-    UpstreamConnectError,
-    UpstreamTimeout,
-)
-from .core.heads import BodyFraming, Header, response_framing
-from .core.http import h2_request_fields, h2_trailer_fields
-from .core.timeouts import Timeouts
-from .exchange import BodySource, InterimCallback, PodRequest, PodResponse
-from .h2wire import RECV_SIZE, FrameScanner, H2Wire
-from .upstream import BLOCK_SIZE
+from ..base import deadlines
+from ..base.exchange import BodySource, InterimCallback, PodRequest, PodResponse
+from ..base.h2wire import RECV_SIZE, FrameScanner, H2Wire
+from ..core.errors import ClientBodyError, UpstreamBadResponse, UpstreamBodyError, UpstreamConnectError, UpstreamTimeout
+from ..core.heads import BodyFraming, Header, response_framing
+from ..core.http import h2_request_fields, h2_trailer_fields
+from ..core.timeouts import Timeouts
+from .http1 import BLOCK_SIZE
 
 __all__ = ["H2PodPool", "H2PodStream"]
 

@@ -24,16 +24,16 @@ from typing import Any
 import gevent
 import yaml
 
+from ..core.config import Address, LimitsConfig
+from ..core.errors import ConfigError
+from ..front.engine import HttpServer
 from .configfile import load_config
-from .core.config import Address, LimitsConfig
-from .core.errors import ConfigError
-from .engine import HttpServer
 from .server import Runtime, listen_on, setup_logging
 
 
 def demo_config_path() -> Path:
     """config/demo.yaml from the source tree, or from the one-file executable's bundle."""
-    candidates = [Path(__file__).resolve().parent.parent / "config" / "demo.yaml"]
+    candidates = [Path(__file__).resolve().parents[2] / "config" / "demo.yaml"]
     bundle = getattr(sys, "_MEIPASS", None)
     if bundle:
         candidates.insert(0, Path(bundle) / "config" / "demo.yaml")

@@ -22,8 +22,8 @@ from typing import cast
 
 import yaml
 
-from activator.core.config import MIN_SECRET_LENGTH, Config, KeyPath, parse_config, render_key_path
-from activator.core.errors import ConfigError
+from ..core.config import MIN_SECRET_LENGTH, Config, KeyPath, parse_config, render_key_path
+from ..core.errors import ConfigError
 
 _MAP_TAG = "tag:yaml.org,2002:map"
 _SEQ_TAG = "tag:yaml.org,2002:seq"

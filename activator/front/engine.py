@@ -39,12 +39,12 @@ from urllib.parse import unquote_to_bytes
 import gevent
 from gevent.server import StreamServer
 
-from .core.config import LimitsConfig
-from .core.errors import ActivatorError, BadRequest, ClientGone, InternalError, TooManyConnections
-from .core.h2budgets import Budget
-from .core.heads import BodyFraming, RequestHead, client_framing
-from .core.http import own_answer
-from .exchange import ClientExchange
+from ..base.exchange import ClientExchange
+from ..core.config import LimitsConfig
+from ..core.errors import ActivatorError, BadRequest, ClientGone, InternalError, TooManyConnections
+from ..core.h2budgets import Budget
+from ..core.heads import BodyFraming, RequestHead, client_framing
+from ..core.http import own_answer
 from .http1 import H1Connection, linger
 from .http2 import H2ServerConnection
 

@@ -28,12 +28,14 @@ import time
 
 import gevent
 
-from .core.config import ProbeConfig
-from .core.errors import UpstreamBodyError, UpstreamConnectError, UpstreamTimeout
-from .core.events import ProbeReport
-from .core.failures import FailureKind
-from .core.heads import BodyFraming
-from .core.probes import (
+from ..base.exchange import PodRequest
+from ..base.writer import TopologyWriter
+from ..core.config import ProbeConfig
+from ..core.errors import UpstreamBodyError, UpstreamConnectError, UpstreamTimeout
+from ..core.events import ProbeReport
+from ..core.failures import FailureKind
+from ..core.heads import BodyFraming
+from ..core.probes import (
     GRPC_HEALTH_PATH,
     GRPC_HEALTH_REQUEST,
     ProbeOutcome,
@@ -43,12 +45,10 @@ from .core.probes import (
     probe_due,
     probed,
 )
-from .core.timeouts import Timeouts
-from .core.topology import Topology
-from .exchange import PodRequest
-from .pods import H2C, HTTP1, PodClient, make_client
-from .upstream import FixedBody
-from .writer import TopologyWriter
+from ..core.timeouts import Timeouts
+from ..core.topology import Topology
+from .clients import H2C, HTTP1, PodClient, make_client
+from .http1 import FixedBody
 
 PROBE_HEADERS = [(b"User-Agent", b"activator-probe"), (b"Accept", b"*/*")]
 

@@ -61,9 +61,10 @@ import httptools
 from gevent.select import select as gselect
 from gevent.socket import wait_read
 
-from . import deadlines, hangup
-from .core import heads, http
-from .core.errors import (
+from ..base import deadlines
+from ..base.exchange import ClientExchange
+from ..core import heads, http
+from ..core.errors import (
     ActivatorError,
     BadRequest,
     BodyTooLarge,
@@ -74,7 +75,7 @@ from .core.errors import (
     MalformedTarget,
     RequestLineTooLong,
 )
-from .core.heads import (
+from ..core.heads import (
     NOTED,
     WHITESPACE,
     BodyFraming,
@@ -83,7 +84,7 @@ from .core.heads import (
     check_request_head,
     method_name,
 )
-from .exchange import ClientExchange
+from . import hangup
 from .sockets import shutdown_keeping_tls
 
 #: One recv from the client.

@@ -28,9 +28,9 @@ import gevent
 from gevent.event import Event as Flag
 from gevent.queue import Empty, Queue
 
-from .core.events import Event, Tick
-from .core.throttler import Effects, Grant, ServiceThrottler, Transition
-from .core.topology import Topology
+from ..core.events import Event, Tick
+from ..core.throttler import Effects, Grant, ServiceThrottler, Transition
+from ..core.topology import Topology
 
 log = logging.getLogger("activator")
 
