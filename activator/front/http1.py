@@ -75,15 +75,7 @@ from ..core.errors import (
     MalformedTarget,
     RequestLineTooLong,
 )
-from ..core.heads import (
-    NOTED,
-    WHITESPACE,
-    BodyFraming,
-    RequestHead,
-    add_line,
-    check_request_head,
-    method_name,
-)
+from ..core.heads import NOTED, WHITESPACE, BodyFraming, RequestHead, add_line, check_request_head, method_name
 from . import hangup
 from .sockets import shutdown_keeping_tls
 

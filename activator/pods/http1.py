@@ -76,15 +76,7 @@ from gevent.monkey import get_original
 from ..base import deadlines
 from ..base.exchange import BodySource, PodRequest, PodResponse
 from ..core.errors import ClientBodyError, UpstreamBadResponse, UpstreamBodyError, UpstreamConnectError, UpstreamTimeout
-from ..core.heads import (
-    RESPONSE_NOTED,
-    WHITESPACE,
-    BodyFraming,
-    Header,
-    ResponseHead,
-    add_line,
-    response_framing,
-)
+from ..core.heads import RESPONSE_NOTED, WHITESPACE, BodyFraming, Header, ResponseHead, add_line, response_framing
 from ..core.http import header_block
 from ..core.timeouts import Timeouts
 
