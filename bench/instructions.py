@@ -1,16 +1,24 @@
 """CPU per proxied request as instruction counts: activator under valgrind's callgrind.
 
-``python -m bench.instructions [--tree PATH ...] [-n N] [--protocol h1|h2c ...] [--calls]``
+``python -m bench.instructions [--tree PATH ...] [-n N] [--rounds R] [--protocol h1|h2c ...] [--calls]``
 
 Wall-clock and CPU-time figures move with the machine's load; the instructions a request
 costs do not. Each activator (this tree, and every ``--tree``: another checkout, e.g. a
 ``git worktree`` of an older commit, run with it first on ``PYTHONPATH`` and the venv's
 dependencies) runs under ``valgrind --tool=callgrind`` in front of one nginx pod on
 loopback; the client (``h2load -c1 -m1``: one keep-alive connection, one request at a
-time; ``--h1`` for HTTP/1.1, prior-knowledge h2c otherwise) runs outside valgrind. After a
-warm-up run the counters are zeroed, then one client run of N requests and one of 2N,
-each followed by a dump (``callgrind_control``): Ir per request = (Ir(2N) - Ir(N)) / N,
-so what a client run costs once (its connection, the dump itself) cancels out.
+time; ``--h1`` for HTTP/1.1, prior-knowledge h2c otherwise) runs outside valgrind.
+
+After a warm-up run the counters are zeroed and the idle process is counted for a few
+seconds: its timers (the deadline sweeper, the history's sampler, the status line) cost
+some 800,000 instructions a second, and under valgrind a request lasts milliseconds, so
+that work is subtracted from each run (its rate times the run's length). Then one client
+run of N requests and one of 2N, each followed by a dump (``callgrind_control``): Ir per
+request = (Ir(2N) - Ir(N)) / N, so what a client run costs once (its connection, the dump
+itself) cancels out. ``--rounds`` repeats it, the builds interleaved; the median is
+reported with the range. What is left of the noise (a few thousand per request) is work
+that depends on time, e.g. the proxy's hang-up check of a request older than 5 ms, which
+under valgrind some requests are.
 
 ``--calls`` also runs each activator under cProfile (N and 2N requests, one process each)
 and prints the Python functions whose calls per request differ between the first tree and
