@@ -166,6 +166,7 @@ def format_status(status: dict[str, Any]) -> str:
             f"  in_flight={service['in_flight']}  queued={service['queued']}/{service['queue_depth']}"
             f"  oldest_wait={_seconds(service.get('oldest_wait_seconds', 0.0))}"
         )
+        lines += _queue_lines(service)
         per_second = service.get("per_second", {})
         lines.append(
             f"  rates (last 10s): {service.get('requests_per_second', 0.0):.1f} req/s"
@@ -184,6 +185,24 @@ def format_status(status: dict[str, Any]) -> str:
                 f" {pod.get('responses', {}).get('5xx', 0):>6} {pod['failures']:>8} {pod.get('failures_total', 0):>10}"
             )
     return "\n".join(lines)
+
+
+def _queue_lines(service: dict[str, Any]) -> list[str]:
+    """Per priority class: queued, the oldest wait, sheds; the tenants with the most queued."""
+    lines = []
+    classes = service.get("classes")
+    if classes:
+        lines.append(
+            "  classes: "
+            + "  ".join(
+                f"{name} queued={c['queued']} oldest_wait={_seconds(c['oldest_wait_seconds'])} shed={c['shed']}"
+                for name, c in classes.items()
+            )
+        )
+    if "top_tenants" in service:
+        top = ", ".join(f"{t['tenant'] or '(none)'}={t['queued']}" for t in service["top_tenants"])
+        lines.append(f"  tenants waiting: {service['tenants']}" + (f"  most queued: {top}" if top else ""))
+    return lines
 
 
 def admin_address(given: str | None, config: str | None) -> str:

@@ -16,12 +16,12 @@ client that hung up never gets a pod.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from typing import Protocol
 
 from gevent.event import Event
 
-from ..core.errors import ClientGone, QueueTimeout
+from ..core.errors import ClientGone, QueueTimeout, Shed
 from ..core.throttler import Effects, Grant, ServiceThrottler, Waiter
 from . import deadlines
 
@@ -95,23 +95,34 @@ def _wait(
             act(throttler.release(grant, time.monotonic()))
         raise ClientGone("the client hung up while its request was queued")
     if grant is None:
+        if waiter.shed:
+            raise Shed()
         raise Redirected() if waiter.redirected else QueueTimeout()
     return grant
 
 
 def acquire(
-    throttler: ServiceThrottler, timeout: float, client: Client | None, act: Callable[[Effects], None]
+    throttler: ServiceThrottler,
+    timeout: float,
+    client: Client | None,
+    act: Callable[[Effects], None],
+    klass: int = 0,
+    tenant: Hashable | None = None,
 ) -> Grant:
-    """A slot on one of the service's pods, waiting in line if needed.
+    """A slot on one of the service's pods, waiting in line (in ``klass``, as ``tenant``)
+    if needed.
 
-    Raises QueueFull at once, QueueTimeout after ``timeout`` seconds, ClientGone as soon
-    as ``client`` hangs up while waiting, or Redirected. ``act`` acts on the effects of
-    giving back a slot that came too late.
+    Raises QueueFull or TenantQueueFull at once, QueueTimeout after ``timeout`` seconds,
+    Shed when a higher class takes its place, ClientGone as soon as ``client`` hangs up
+    while waiting, or Redirected. ``act`` acts on the effects of shedding another waiter
+    and of giving back a slot that came too late.
     """
-    first = throttler.acquire(time.monotonic())
+    first, effects = throttler.admit(time.monotonic(), klass, tenant)
     if isinstance(first, Grant):
         return first
     first.token = Event()  # before any yield: the actor sets it when the core hands the waiter a slot
+    if effects:
+        act(effects)  # wakes the waiter shed to make room
     return _wait(throttler, first, timeout, client, act)
 
 

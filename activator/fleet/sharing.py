@@ -33,9 +33,9 @@ from gevent.queue import Queue
 
 from ..base.gate import Client, Redirected, wait_watching
 from ..core import slotexchange as wire
-from ..core.errors import ClientGone, QueueFull, QueueTimeout
+from ..core.errors import ClientGone, QueueFull, QueueTimeout, Shed, TenantQueueFull
 from ..core.events import Event as TopologyEvent
-from ..core.slotexchange import Borrowed, LedgerEffects, QueueIsFull, Redirect, SlotExchange, WorkerLedger
+from ..core.slotexchange import Borrowed, LedgerEffects, QueueIsFull, Redirect, SlotExchange, WasShed, WorkerLedger
 from ..core.throttler import Effects, Grant, ServiceThrottler
 from ..core.topology import Topology
 
@@ -83,12 +83,21 @@ class SlotSharing:
     # -- requests ---------------------------------------------------------------
 
     def wait(
-        self, throttler: ServiceThrottler, deadline: float, client: Client | None, arrival: float
+        self,
+        throttler: ServiceThrottler,
+        deadline: float,
+        client: Client | None,
+        arrival: float,
+        klass: int = 0,
+        tenant: bytes | str | None = None,
     ) -> Grant | Borrowed:
         """Queue a request this worker cannot serve at once at the exchange (in ``arrival``
-        order) until ``deadline``. Raises QueueFull, QueueTimeout, ClientGone, or
-        ``gate.Redirected`` when the service left shared mode meanwhile."""
-        waiting, messages = self.ledger.enqueue(throttler, arrival)
+        order, or its class's and tenant's place) until ``deadline``. Raises QueueFull,
+        TenantQueueFull, Shed, QueueTimeout, ClientGone, or ``gate.Redirected`` when the
+        service left shared mode meanwhile."""
+        if isinstance(tenant, bytes):
+            tenant = tenant.decode("latin-1")  # (the wire is JSON)
+        waiting, messages = self.ledger.enqueue(throttler, arrival, klass, tenant)
         event = waiting.token = Event()
         self._send(messages)
         gone = keep = False
@@ -103,7 +112,10 @@ class SlotSharing:
         if outcome is None:
             raise QueueTimeout()
         if isinstance(outcome, QueueIsFull):
-            raise QueueFull()
+            raise TenantQueueFull() if outcome.reason == TenantQueueFull.reason else QueueFull()
+        if isinstance(outcome, WasShed):
+            throttler.count_shed(klass)
+            raise Shed()
         if isinstance(outcome, Redirect):
             raise Redirected()
         return outcome
@@ -226,7 +238,7 @@ class ExchangeHub:
         while True:
             worker, sock, message = self._inbox.get()
             if message is not None:
-                self._deliver(self.exchange.receive(message))
+                self._deliver(self.exchange.receive(message, time.monotonic()))
                 continue
             sock.close()  # that incarnation ended (it ends before the next one starts)
             if self._sockets.get(worker) is sock:

@@ -6,9 +6,10 @@ What this module decides (SPEC.md "StatsD metrics"; ``{p}`` prefix, ``{s}`` serv
 - Per request, when it is over, ONE batch (one datagram), from names computed once per
   service: ``{p}.{s}.requests`` (c), ``{p}.{s}.responses.{2xx,3xx,4xx,5xx}`` (c, by the
   status the client got, activator's own answers included),
-  ``{p}.{s}.rejected.{queue_full,queue_timeout,shutting_down}`` (c, from the
+  ``{p}.{s}.rejected.{queue_full,queue_timeout,shutting_down,shed,tenant_queue_full}`` (c, from the
   ``X-Activator-Reason``), ``{p}.{s}.latency`` (ms, arrival to last byte) and
-  ``{p}.{s}.queue_wait`` (ms, arrival to slot; only when a slot was obtained); timings
+  ``{p}.{s}.queue_wait`` (ms, arrival to slot; only when a slot was obtained), and for a
+  service with priority classes ``{p}.{s}.class.{c}.queue_wait`` too; timings
   are written as statsd writes them, with six decimals. A client that left before the last byte is
   recorded as 499 ``client-gone`` (``proxy.py``), so it counts as a 4xx response; a
   record with no status (0) counts in no class.
@@ -18,6 +19,7 @@ What this module decides (SPEC.md "StatsD metrics"; ``{p}`` prefix, ``{s}`` serv
   ``header_too_large`` for ``headers-too-large``, as SPEC.md names it), nothing else.
 - Every second, from one greenlet (never per request): gauges ``{p}.{s}.queued``,
   ``.in_flight``, ``.tunnels`` (open WebSockets and other upgrades), ``.capacity``,
+  ``{p}.{s}.class.{c}.queued`` per priority class (when the service has classes),
   ``{p}.{s}.pods.{healthy,pending,draining}``,
   ``{p}.{s}.pod.{pod}.in_flight`` and ``{p}.{s}.pod.{pod}.peak_in_flight`` (the highest
   since the pod's tracker exists: the proof that its limit held); and the per-pod transport-failure counters
@@ -107,7 +109,13 @@ FLUSH_SECONDS = 1.0
 #: goes alone).
 MAX_DATAGRAM = 512
 
-_REJECTED = {"queue-full": "queue_full", "queue-timeout": "queue_timeout", "shutting-down": "shutting_down"}
+_REJECTED = {
+    "queue-full": "queue_full",
+    "queue-timeout": "queue_timeout",
+    "shutting-down": "shutting_down",
+    "shed": "shed",
+    "tenant-queue-full": "tenant_queue_full",
+}
 #: ``{p}.rejected.{name}`` of each refusal before routing (SPEC.md spells one in the singular).
 _REFUSED = {reason: reason.replace("-", "_") for reason in REASONS} | {"headers-too-large": "header_too_large"}
 _POD_STATES = (PodState.HEALTHY, PodState.PENDING, PodState.DRAINING)
@@ -355,6 +363,7 @@ class _ServiceNames:
         "pods_in_state",
         "transitions",
         "pods",
+        "classes",
     )
 
     def __init__(self, namer: Namer, service: str) -> None:
@@ -373,6 +382,17 @@ class _ServiceNames:
         self.pods_in_state = {state: namer(f"pods.{state.value}", service, gauge=True) for state in _POD_STATES}
         self.transitions = {state: namer(f"pod_transitions.{state.value}", service) for state in PodState}
         self.pods: dict[str, _PodNames] = {}
+        #: Priority class -> its (queued, queue_wait), named when first needed.
+        self.classes: dict[str, tuple[Metric, Metric]] = {}
+
+    def klass(self, name: str) -> tuple[Metric, Metric]:
+        names = self.classes.get(name)
+        if names is None:
+            names = self.classes[name] = (
+                self.namer(f"class.{name}.queued", self.name, gauge=True),
+                self.namer(f"class.{name}.queue_wait", self.name),
+            )
+        return names
 
     def pod(self, tracker: PodTracker, sent: dict[FailureKind, int] | None = None) -> _PodNames:
         names = self.pods.get(tracker.address)
@@ -458,6 +478,8 @@ class StatsdMetrics:
             batch.timing(names.latency, (record.end - record.start) * 1000)
             if record.queue_wait is not None:
                 batch.timing(names.queue_wait, record.queue_wait * 1000)
+                if record.klass is not None:
+                    batch.timing(names.klass(record.klass)[1], record.queue_wait * 1000)
             batch.send()
         except Exception:
             self._send_failed()
@@ -559,6 +581,8 @@ class StatsdMetrics:
         for throttler in live.values():
             names = self._services.get(throttler.name) or self._names(throttler.name)
             gauge(names.queued, throttler.queued)
+            for metric, queued in _class_gauges(names, throttler):
+                gauge(metric, queued)
             gauge(names.in_flight, throttler.in_flight)
             gauge(names.tunnels, throttler.tunnels)
             if throttler.config.container_concurrency != 0:
@@ -623,6 +647,17 @@ class StatsdMetrics:
         if not self._warned_send:
             self._warned_send = True
             log.warning("statsd: sending failed (logged once)", exc_info=True)
+
+
+def _class_gauges(names: _ServiceNames, throttler: ServiceThrottler) -> list[tuple[Metric, int]]:
+    """``class.{c}.queued`` of a service with priority classes (none without)."""
+    priority = throttler.config.priority
+    if priority is None:
+        return []
+    return [
+        (names.klass(name)[0], queued)
+        for name, queued in zip(priority.classes, throttler.queue.queued_by_class(), strict=False)
+    ]
 
 
 def make_metrics(config: StatsdConfig | None, topology: Topology) -> MetricsSink:

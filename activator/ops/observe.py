@@ -76,6 +76,7 @@ class RequestRecord:
         "status",
         "reason",
         "queue_wait",
+        "klass",
         "upstream_start",
         "bytes_in",
         "bytes_out",
@@ -92,6 +93,7 @@ class RequestRecord:
         self.status = 0
         self.reason = "-"  # X-Activator-Reason, or what cut the response short
         self.queue_wait: float | None = None
+        self.klass: str | None = None  # its priority class, when the service has classes
         self.upstream_start: float | None = None
         self.bytes_in = 0  # request body bytes (a tunnel: client to pod)
         self.bytes_out = 0  # response body bytes sent (a tunnel: pod to client)

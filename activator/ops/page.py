@@ -12,7 +12,8 @@ What this module decides:
   (N counts from the first failure of the streak), with the error, and the page is
   dimmed; the next good refresh takes both away.
 - Per service: a summary line (capacity, in flight, queue, the oldest wait, the last ten
-  seconds' rates, byte totals), three sparklines of the last fifteen minutes as inline
+  seconds' rates, byte totals; per priority class its queue, oldest wait and sheds, and
+  the tenants with the most queued), three sparklines of the last fifteen minutes as inline
   SVG (queued / in flight / capacity; requests per second with the 5xx and rejected
   answers; queue wait p99), each with the pod state changes marked on its time axis,
   the answers by class and the rejections by reason, and the pods. The legend of each
@@ -433,6 +434,14 @@ def service_section(name: str, service: Mapping[str, Any], history: Mapping[str,
     ]
     if forward:
         summary.append(f"forwards to {esc(forward)}")
+    for klass, seen in service.get("classes", {}).items():
+        summary.append(
+            f"<span class='class'>{esc(klass)}: queued {seen['queued']}, oldest "
+            f"{esc(fmt_seconds(seen['oldest_wait_seconds']))}, shed {seen['shed']}</span>"
+        )
+    if service.get("top_tenants"):
+        top = ", ".join(f"{esc(t['tenant'] or '(none)')} {t['queued']}" for t in service["top_tenants"])
+        summary.append(f"<span class='tenants'>most queued: {top}</span>")
     changes = list((history or {}).get("transitions", ()))[-10:]
     recent = ""
     if changes:

@@ -12,7 +12,8 @@ What this module decides:
   (SPEC.md): ``requests``, ``responses.{class}``, ``rejected.{reason}``, ``latency``
   and ``queue_wait`` (histograms here, in seconds), the gauges ``queued`` /
   ``in_flight`` / ``tunnels`` / ``capacity`` / ``pods.{state}`` / ``pod.in_flight``,
-  the per-pod transport failure counters, pod state changes, config reloads.
+  the per-pod transport failure counters, pod state changes, config reloads; per
+  priority class, queued, the oldest wait and sheds, and the tenants waiting.
 - ``activator_capacity`` is omitted for an unlimited service (``container_concurrency:
   0`` with a healthy pod), as in StatsD. With workers, a pod the workers see in
   different states counts in ``activator_pods`` under each of them.
@@ -145,6 +146,16 @@ def families(status: Mapping[str, Any]) -> Iterator[Metric]:
     capacity = _gauge("activator_capacity", "Usable slots: healthy pods' slots owned here", s)
     oldest = _gauge("activator_oldest_wait_seconds", "How long the oldest waiter has waited", s)
     pods = _gauge("activator_pods", "Pods per state", [*s, "state"])
+    class_queued = _gauge("activator_class_queued", "Requests waiting for a slot, per priority class", [*s, "class"])
+    class_oldest = _gauge(
+        "activator_class_oldest_wait_seconds",
+        "How long the oldest waiter of a priority class has waited",
+        [*s, "class"],
+    )
+    class_shed = _counter(
+        "activator_class_shed", "Waiters of a priority class shed from a full queue for a higher class", [*s, "class"]
+    )
+    tenants = _gauge("activator_tenants", "Tenants (fair_by) with requests waiting", s)
     transitions = _counter("activator_pod_transitions", "Pod state changes, by the new state", [*s, "state"])
     pod_families = _PodFamilies()
     for name, service in status.get("services", {}).items():
@@ -165,6 +176,12 @@ def families(status: Mapping[str, Any]) -> Iterator[Metric]:
         if service.get("capacity") is not None:
             capacity.add_metric(labels, service["capacity"])
         oldest.add_metric(labels, service.get("oldest_wait_seconds", 0))
+        for klass, seen in service.get("classes", {}).items():
+            class_queued.add_metric([name, klass], seen["queued"])
+            class_oldest.add_metric([name, klass], seen["oldest_wait_seconds"])
+            class_shed.add_metric([name, klass], seen["shed"])
+        if "tenants" in service:
+            tenants.add_metric(labels, service["tenants"])
         per_state = dict.fromkeys(STATES, 0)
         for state, count in (dict.fromkeys(STATES, 0) | totals.get("pod_transitions", {})).items():
             transitions.add_metric([name, state], count)
@@ -175,6 +192,7 @@ def families(status: Mapping[str, Any]) -> Iterator[Metric]:
             pods.add_metric([name, state], count)
     yield from (requests, responses, rejected, bytes_in, bytes_out, latency, queue_wait)
     yield from (queued, in_flight, tunnels, capacity, oldest, pods, transitions)
+    yield from (class_queued, class_oldest, class_shed, tenants)
     yield from pod_families
 
 

@@ -41,7 +41,7 @@ import gevent.subprocess
 from gevent.event import Event
 
 from ..core.config import Config, LimitsConfig
-from ..core.status import merge_worker_statuses
+from ..core.status import merge_queue_view, merge_worker_statuses, queue_view
 from ..fleet.sharing import ExchangeHub, socket_pair
 from ..front.engine import HttpServer
 from ..front.sockets import listen_socket
@@ -186,6 +186,12 @@ class Supervisor:
             service["queued"] += self.hub.queued(name)
             exchange_wait = round(self.hub.oldest_wait(name, now), 3)
             service["oldest_wait_seconds"] = max(service["oldest_wait_seconds"], exchange_wait)
+            waiting = self.hub.exchange.waiting(name)
+            if waiting is not None:  # classes or tenants: the one queue's view of them
+                classes = list(service["classes"]) if "classes" in service else None
+                fair = "top_tenants" in service
+                no_sheds = [0] * waiting.policy.classes  # (each worker counts its own)
+                merge_queue_view(service, queue_view(waiting, classes, fair, no_sheds, now))
         merged["stopping"] = self.stopping
         merged["ready"] = merged["ready"] and not self.stopping
         return merged

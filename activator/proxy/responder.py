@@ -39,7 +39,7 @@ from ..base import gate
 from ..base.exchange import ClientExchange, PodRequest, PodResponse
 from ..base.writer import Actor, TopologyWriter
 from ..core import http
-from ..core.config import ServiceConfig
+from ..core.config import ServiceConfig, longest_queue_timeout
 from ..core.errors import (
     ActivatorError,
     ClientGone,
@@ -326,6 +326,14 @@ class Proxy:
         if self.stopping:
             raise ShuttingDown()
         config = throttler.config
+        queue_timeout = config.queue_timeout
+        klass: int = 0
+        tenant: bytes | str | None = None
+        classifier = throttler.classifier
+        if classifier.active:  # (a service without priority or fair_by pays nothing more)
+            klass, tenant = classifier.classify(head.host, exchange.client_ip, head.headers, head.lower_names)
+            queue_timeout = classifier.queue_timeout(klass)
+            record.klass = classifier.class_name(klass)
         marker = self._marker(exchange)
         deadline = self._grpc_deadline(exchange, record)
         # Built before waiting, so that a handed-over slot is put to use at once.
@@ -357,14 +365,14 @@ class Proxy:
                     self._peer_unreachable(target, error)
                     continue
             now = time.monotonic()
-            wait = record.start + config.queue_timeout - now
+            wait = record.start + queue_timeout - now
             if deadline is not None:
                 wait = min(wait, deadline - now)
             share = exchange.queue_share
             if share is not None and not share.enter(throttler.name, config.queue_depth):
                 raise QueueFull("this client connection holds its share of the queue already")
             try:
-                lease = self._acquire(throttler, max(0.0, wait), exchange, record.start)
+                lease = self._acquire(throttler, max(0.0, wait), exchange, record.start, klass, tenant)
             except gate.Redirected:
                 redirected += 1
                 continue  # its slots went elsewhere: it follows them, or waits here again
@@ -429,21 +437,29 @@ class Proxy:
         self.writer.post(event, applied)
         applied.wait()
 
-    def _acquire(self, throttler: ServiceThrottler, wait: float, exchange: ClientExchange, arrival: float) -> SlotLease:
-        """A slot for the request: this process's (FIFO here), or, with ``workers: N``, one
-        from the activator's slot exchange (FIFO across the workers). Raises QueueFull,
+    def _acquire(
+        self,
+        throttler: ServiceThrottler,
+        wait: float,
+        exchange: ClientExchange,
+        arrival: float,
+        klass: int = 0,
+        tenant: bytes | str | None = None,
+    ) -> SlotLease:
+        """A slot for the request: this process's (in the service's queue order, as
+        ``klass`` of ``tenant``), or, with ``workers: N``, one from the activator's slot
+        exchange (one queue across the workers, the same order). Raises QueueFull, TenantQueueFull, Shed,
         QueueTimeout, ClientGone or gate.Redirected."""
         while True:
             sharing = self.sharing
             if sharing is None or not throttler.shared:
-                return Lease(
-                    throttler, gate.acquire(throttler, wait, exchange, self.actor.act), self.actor, self.writer
-                )
+                grant = gate.acquire(throttler, wait, exchange, self.actor.act, klass, tenant)
+                return Lease(throttler, grant, self.actor, self.writer)
             own = throttler.acquire_here()
             if own is not None:
                 return SharedLease(throttler, own, sharing, self.writer, arrival, False)
             try:
-                slot = sharing.wait(throttler, arrival + wait, exchange, arrival)
+                slot = sharing.wait(throttler, arrival + wait, exchange, arrival, klass, tenant)
             except gate.Redirected:
                 continue  # the service left shared mode while it waited: queue here
             return SharedLease(throttler, slot, sharing, self.writer, arrival, True)
@@ -469,13 +485,14 @@ class Proxy:
         """The pod timeouts of a service (made once per configuration and reused).
 
         A forwarded request's head may come only after it waited in the receiver's
-        queue: its response-start and total times get ``queue_timeout`` on top.
+        queue: its response-start and total times get the longest ``queue_timeout`` (of any
+        class) on top.
         """
         key = (id(config), forwarding)
         cached = self._timeouts_cache.get(key)
         if cached is not None and cached[0] is config and cached[1].client == self.client_timeout:
             return cached[1]
-        extra = config.queue_timeout if forwarding else 0.0
+        extra = longest_queue_timeout(config) if forwarding else 0.0
         total = None if config.request_timeout is None else config.request_timeout + extra
         timeouts = Timeouts(
             config.connect_timeout,
