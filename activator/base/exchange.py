@@ -63,6 +63,7 @@ class ClientExchange:
         "finished",
         "status",
         "bytes_sent",
+        "queue_share",
         "_body",
         "_continue_sent",
     )
@@ -91,6 +92,9 @@ class ClientExchange:
         #: Body pieces received and not read yet (a list: it holds a piece or a few).
         self._body: list[bytes] = []
         self._continue_sent = False
+        #: What this request's connection holds of the queues (HTTP/2: several streams
+        #: may wait at once); None where one connection holds one request at a time.
+        self.queue_share: QueueShare | None = None
 
     def __repr__(self) -> str:
         head = self.head
@@ -181,12 +185,6 @@ class ClientExchange:
     def client_gone(self) -> bool:
         """Whether the client is gone now (one cheap check, no waiting)."""
         raise NotImplementedError
-
-    @property
-    def queue_share(self) -> QueueShare | None:
-        """What this request's connection holds of the queues (HTTP/2: several streams
-        may wait at once), None where one connection holds one request at a time."""
-        return None
 
     # -- the response -----------------------------------------------------------------------
 

@@ -8,7 +8,7 @@ mapped onto the same fields (``:method``, ``:path``, ``:authority`` as a Host).
 Everything after that is decided here once, for every transport:
 
 - **Field values** (RFC 9110 5.5): leading and trailing SP and HTAB
-  (``TRAILING_WHITESPACE``) are not part of a value. llhttp trims the leading ones and
+  (``WHITESPACE``) are not part of a value. llhttp trims the leading ones and
   keeps the trailing ones, which the HTTP/1.x transport trims before it appends a line,
   so ``Transfer-Encoding: chunked `` is chunked and ``Host: a.example `` is ``a.example``
   (and they travel trimmed). HTTP/2 forbids them (RFC 9113 8.2.1): such a field makes the
@@ -100,10 +100,10 @@ class BodyFraming(enum.Enum):
 #: Statuses whose responses never have a body (RFC 9110 6.4.1), besides 1xx.
 BODILESS_STATUSES = frozenset((204, 304))
 
-#: What a field value may end in that is not part of it (RFC 9110 5.5), as one-byte
-#: values (``value[-1:] in TRAILING_WHITESPACE``: the cheapest test CPython has).
-TRAILING_WHITESPACE = (b" ", b"\t")
-_WHITESPACE = b" \t"
+#: What a field value may begin or end with that is not part of it (RFC 9110 5.5).
+#: ``value.rstrip(WHITESPACE)`` is also the cheapest test for it CPython has: it returns
+#: ``value`` itself when there is nothing to strip.
+WHITESPACE = b" \t"
 _TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+\Z")
 #: An HTTP/2 field name: a token without upper-case letters (RFC 9113 8.2.1).
 _H2_NAME = re.compile(rb"[!#$%&'*+\-.^_`|~0-9a-z]+\Z")
@@ -345,14 +345,14 @@ def check_request_head(
     it; HTTP/1.x checks its section as it is parsed), the version, the method, the
     target, the body framing, the Host. See the module docstring.
     """
-    if head.malformed is not None:
-        raise MalformedMessage(head.malformed)
-    if list_size > max_header_bytes:
-        raise HeadersTooLarge(f"header list of {list_size} bytes over {max_header_bytes}")
     version = head.version
     method = head.method
     target = head.target
-    if version != "1.1":
+    if version != "1.1":  # HTTP/1.1 heads are never malformed nor counted as a list
+        if head.malformed is not None:
+            raise MalformedMessage(head.malformed)
+        if list_size > max_header_bytes:
+            raise HeadersTooLarge(f"header list of {list_size} bytes over {max_header_bytes}")
         check_version(version)
     if method not in _COMMON_METHODS:
         check_method(method)
@@ -435,7 +435,7 @@ def wants_tunnel(head: RequestHead) -> bool:
     if b"upgrade" not in connection_tokens(head.connection_values):
         return False
     value = head.upgrade_value or b""
-    return b"h2c" not in {token.strip(_WHITESPACE).lower() for token in value.split(b",")}
+    return b"h2c" not in {token.strip(WHITESPACE).lower() for token in value.split(b",")}
 
 
 def valid_host(value: bytes) -> bool:
@@ -497,7 +497,7 @@ def connection_tokens(values: Sequence[bytes]) -> frozenset[bytes]:
     tokens: set[bytes] = set()
     for value in values:
         for token in value.split(b","):
-            token = token.strip(_WHITESPACE).lower()
+            token = token.strip(WHITESPACE).lower()
             if token:
                 tokens.add(token)
     result = frozenset(tokens)
@@ -543,8 +543,9 @@ class ResponseHead:
         # Lines few responses carry: no list until one comes (``add_line``).
         self.connection_values: list[bytes] | tuple[()] = ()
         self.content_length: int | None = None
-        #: The body is chunked (HTTP/1.1: the last transfer coding says so).
-        self.chunked = False
+        #: The body is chunked (HTTP/1.1: the last transfer coding says so); None while
+        #: no Transfer-Encoding line came (False: one came, and it is not chunked).
+        self.chunked: bool | None = None
 
     def note(self, lower: bytes, value: bytes) -> None:
         """A field activator looks at (``lower`` is in ``RESPONSE_NOTED``), as the pod
@@ -557,7 +558,7 @@ class ResponseHead:
         else:
             # llhttp reads a coding list not ending in chunked as "until close"; the pod
             # client refuses codings other than chunked.
-            self.chunked = value.rsplit(b",", 1)[-1].strip(_WHITESPACE).lower() == b"chunked"
+            self.chunked = value.rsplit(b",", 1)[-1].strip(WHITESPACE).lower() == b"chunked"
 
     def fill_from_h2(self, status: int, fields: Sequence[Header]) -> None:
         """The final head of an HTTP/2 stream: ``fields`` without the pseudo-headers."""

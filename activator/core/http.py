@@ -19,6 +19,7 @@ what is decided here, for both transports:
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Sequence
 from http import HTTPStatus
@@ -129,17 +130,28 @@ def response_headers(
     no body but the length describes one: HEAD, 304); ``Trailer`` only with chunked.
     ``keep_upgrade``: a 101 answer keeps ``Upgrade`` (the protocol switched to).
     """
-    drop_length = not (framing is BodyFraming.LENGTH or keep_length)
-    drop_trailer = framing is not BodyFraming.CHUNKED
-    kept = []
-    for header, lower in zip(headers, lower_names):  # noqa: B905 (built together)
-        if lower in RESPONSE_HOP_BY_HOP or lower in named_by_connection:
-            if not (lower == b"upgrade" and keep_upgrade):
-                continue
-        elif (drop_length and lower == b"content-length") or (drop_trailer and lower == b"trailer"):
-            continue
-        kept.append(header)
-    return kept
+    dropped = _dropped_from_response(
+        not (framing is BodyFraming.LENGTH or keep_length), framing is not BodyFraming.CHUNKED, named_by_connection
+    )
+    if keep_upgrade:
+        dropped = dropped - _UPGRADE
+    return [header for header, lower in zip(headers, lower_names) if lower not in dropped]  # noqa: B905
+
+
+_UPGRADE = frozenset((b"upgrade",))
+
+
+@functools.lru_cache(maxsize=256)  # bounded: Connection options are the pod's to name
+def _dropped_from_response(
+    drop_length: bool, drop_trailer: bool, named_by_connection: frozenset[bytes]
+) -> frozenset[bytes]:
+    """The lower-cased names ``response_headers`` leaves out (one set: one test per line)."""
+    dropped = RESPONSE_HOP_BY_HOP | named_by_connection
+    if drop_length:
+        dropped |= {b"content-length"}
+    if drop_trailer:
+        dropped |= {b"trailer"}
+    return dropped
 
 
 def relayed_trailers(trailers: Sequence[Header]) -> list[Header]:

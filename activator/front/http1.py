@@ -75,7 +75,7 @@ from ..core.errors import (
     MalformedTarget,
     RequestLineTooLong,
 )
-from ..core.heads import BodyFraming, RequestHead
+from ..core.heads import NOTED, WHITESPACE, BodyFraming, RequestHead, add_line, check_request_head, method_name
 from . import hangup
 from .sockets import shutdown_keeping_tls
 
@@ -116,7 +116,7 @@ class H1Exchange(ClientExchange):
     __slots__ = ("conn", "head_done", "tunnel_data", "response_framing", "close_after", "_pending_head")
 
     def __init__(self, conn: H1Connection) -> None:
-        super().__init__(RequestHead(), conn.client_ip, conn.client_ip_bytes, conn.scheme_bytes)
+        ClientExchange.__init__(self, RequestHead(), conn.client_ip, conn.client_ip_bytes, conn.scheme_bytes)
         self.conn = conn
         self.head_done = False
         #: Bytes the client sent after the head of an upgrade request (tunnel data).
@@ -159,7 +159,7 @@ class H1Exchange(ClientExchange):
     def was_cut(self) -> bool:
         """The response was abandoned mid-way: cut, or its client left before its end."""
         conn = self.conn
-        return conn.cut or (conn.hung_up and not self.finished)
+        return conn.cut or (conn._hung_up and not self.finished)
 
     # -- the response ------------------------------------------------------------------
 
@@ -416,20 +416,19 @@ class H1Connection(deadlines.Watched):
             return
         exchange = self._current
         assert exchange is not None
-        self._field_bytes += len(name) + len(value) + 4
-        if self._field_bytes > self.max_header_bytes:
+        size = self._field_bytes = self._field_bytes + len(name) + len(value) + 4
+        if size > self.max_header_bytes:
             section = "trailer" if exchange.head_done else "header"
             raise HeadersTooLarge(f"{section} section over {self.max_header_bytes} bytes")
-        if value[-1:] in heads.TRAILING_WHITESPACE:  # not part of the value (RFC 9110 5.5)
-            value = value.rstrip(b" \t")
+        value = value.rstrip(WHITESPACE)  # not part of the value (RFC 9110 5.5)
         if exchange.head_done:  # a trailer of a chunked body
-            exchange.trailers = heads.add_line(exchange.trailers, (name, value))
+            exchange.trailers = add_line(exchange.trailers, (name, value))
             return
         head = exchange.head
         lower = name.lower()
         head.headers.append((name, value))
         head.lower_names.append(lower)
-        if lower in heads.NOTED:
+        if lower in NOTED:
             head.note(lower, value)
 
     def on_headers_complete(self) -> None:
@@ -442,12 +441,12 @@ class H1Connection(deadlines.Watched):
         head = exchange.head
         head.target = target = parts[0] if len(parts) == 1 else b"".join(parts)
         token, self._method = self._method, _NO_BYTES  # a message begun mid-piece has none: refused
-        head.method = heads.method_name(token)
+        head.method = method_name(token)
         head.version = version = parser.get_http_version()
         head.keep_alive = parser.should_keep_alive()
         try:
             self._check_request_line(token, target, version)
-            heads.check_request_head(head, self.max_body_bytes)
+            check_request_head(head, self.max_body_bytes)
         except ActivatorError as error:
             if error.closes_connection:
                 raise  # stops the parser: nothing after this head is read as HTTP
@@ -589,7 +588,8 @@ class H1Connection(deadlines.Watched):
             data = self._held + data
             self._held = _NO_BYTES
         self._data_in_feed = False
-        if self._current is None:  # the usual feed: one whole head, a method fed as it came
+        parsing = self._current
+        if parsing is None:  # the usual feed: one whole head, a method fed as it came
             method = data[: data.find(b" ")]
             if method in FED_AS_IS and data.find(_HEAD_END) == len(data) - 4:
                 self._method = method
@@ -597,7 +597,8 @@ class H1Connection(deadlines.Watched):
                 rest = self._feed_piece(data, data)
                 if rest is not None:
                     self._after_upgrade_head(rest)  # nothing followed the head: nothing to parse
-                self._limit_fields(len(data))  # a body still to come
+                if self._current is not None:  # a body still to come
+                    self._limit_fields(len(data))
                 return
         fed = 0
         while data and not self._stopped and not self._upgraded:
@@ -656,17 +657,19 @@ class H1Connection(deadlines.Watched):
     def _feed_piece(self, piece: bytes, to_llhttp: bytes) -> bytes | None:
         """Feed one piece; what followed the head of an Upgrade request in it (llhttp
         stopped there), else None."""
-        self._tail = piece[-3:]
         if self._current is None or not self._current.head_done:
             self._head_raw += piece
         try:
             self._parser.feed_data(to_llhttp)
         except httptools.HttpParserUpgrade as upgrade:
+            self._tail = piece[-3:]
             self._upgrade_ended = True
             return piece[upgrade.args[0] - self._shift :]
         except httptools.HttpParserError as error:
             self._stopped = True  # llhttp is in an error state: nothing more is parsed
             self._parse_failed(error)
+        if self._current is not None:  # only a message that goes on looks at it
+            self._tail = piece[-3:]
         return None
 
     def _after_upgrade_head(self, data: bytes) -> bytes:
@@ -822,11 +825,6 @@ class H1Connection(deadlines.Watched):
         if self._hangup_fd >= 0:
             return False
         return hangup.hung_up(self.sock)
-
-    @property
-    def hung_up(self) -> bool:
-        """The hang-up monitor saw the client leave (no syscall)."""
-        return self._hung_up
 
     def cut_now(self) -> None:
         """Abandon the connection now: shut both ways (no lingering close after it)."""

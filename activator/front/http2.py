@@ -188,8 +188,9 @@ class H2Exchange(ClientExchange):
     )
 
     def __init__(self, conn: H2ServerConnection, stream_id: int, head: RequestHead) -> None:
-        super().__init__(head, conn.client_ip, conn.client_ip_bytes, conn.scheme_bytes)
+        ClientExchange.__init__(self, head, conn.client_ip, conn.client_ip_bytes, conn.scheme_bytes)
         self.conn = conn
+        self.queue_share = conn.queue_share
         self.stream_id = stream_id
         self.deadline = 0.0
         self.timed_out = False
@@ -269,10 +270,6 @@ class H2Exchange(ClientExchange):
 
     def client_gone(self) -> bool:
         return self.gone
-
-    @property
-    def queue_share(self) -> QueueShare:
-        return self.conn.queue_share
 
     @property
     def was_cut(self) -> bool:

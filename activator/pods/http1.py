@@ -76,15 +76,7 @@ from gevent.monkey import get_original
 from ..base import deadlines
 from ..base.exchange import BodySource, PodRequest, PodResponse
 from ..core.errors import ClientBodyError, UpstreamBadResponse, UpstreamBodyError, UpstreamConnectError, UpstreamTimeout
-from ..core.heads import (
-    RESPONSE_NOTED,
-    TRAILING_WHITESPACE,
-    BodyFraming,
-    Header,
-    ResponseHead,
-    add_line,
-    response_framing,
-)
+from ..core.heads import RESPONSE_NOTED, WHITESPACE, BodyFraming, Header, ResponseHead, add_line, response_framing
 from ..core.http import header_block
 from ..core.timeouts import Timeouts
 
@@ -292,7 +284,6 @@ class PodConnection(PodResponse):
         "_timeouts",
         "_interim",
         "_remaining",
-        "_sent_at",
         "_reason_parts",
         "_interims",
         "_pending",
@@ -300,7 +291,6 @@ class PodConnection(PodResponse):
         "_extra",
         "_head_buffer",
         "_fed_without_data",
-        "_other_coding",
         "_total_deadline",
         "_open",
         "_gone_poll",
@@ -333,7 +323,6 @@ class PodConnection(PodResponse):
         self._timeouts = timeouts
         self._interim = request.interim
         self._remaining = 0
-        self._sent_at = 0.0
         self.replayable = True
         self.head = ResponseHead()
         self.trailers = ()
@@ -352,7 +341,6 @@ class PodConnection(PodResponse):
         self._head_buffer = b""
         self._fed_without_data = 0  # bytes fed before the head was done, or since body data came
         self._total_deadline: float | None = None
-        self._other_coding = False
 
     def readable_or_closed(self) -> bool:
         """Whether the pod sent something (or closed) on this connection. Does not wait."""
@@ -387,7 +375,8 @@ class PodConnection(PodResponse):
         """Send the request, read until the final head. Closes the connection on failure."""
         sock = self.sock
         try:
-            self._sent_at = now = time.monotonic()
+            now = time.monotonic()
+            self._total_deadline = self._timeouts.total_deadline(now)
             try:
                 sent = sock.send(payload)
                 if sent < len(payload):
@@ -420,12 +409,10 @@ class PodConnection(PodResponse):
         except BaseException:
             self.abort()
             raise
-        self._total_deadline = self._timeouts.total_deadline(self._sent_at)
 
     def _head_deadline(self) -> float:
         """When the response head is due: ``response_start`` from now, within ``total``."""
-        timeouts = self._timeouts
-        return timeouts.head_deadline(time.monotonic(), timeouts.total_deadline(self._sent_at))
+        return self._timeouts.head_deadline(time.monotonic(), self._total_deadline)
 
     def _send_rest(self) -> bool:
         """Stream the rest of the body. True if the pod sent a final answer before the end."""
@@ -585,8 +572,7 @@ class PodConnection(PodResponse):
         self._reason_parts = add_line(self._reason_parts, reason)
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        if value[-1:] in TRAILING_WHITESPACE:  # not part of the value (RFC 9110 5.5)
-            value = value.rstrip(b" \t")
+        value = value.rstrip(WHITESPACE)  # not part of the value (RFC 9110 5.5)
         if self.head_done:
             if self.complete:  # a message after this response: not ours
                 self._extra = True
@@ -599,8 +585,6 @@ class PodConnection(PodResponse):
         head.lower_names.append(lower)
         if lower in RESPONSE_NOTED:
             head.note(lower, value)
-            if lower == b"transfer-encoding":
-                self._other_coding = not head.chunked  # refused in on_headers_complete
 
     def on_headers_complete(self) -> None:
         if self.head_done:
@@ -617,7 +601,7 @@ class PodConnection(PodResponse):
             self._interims = add_line(self._interims, (status, reason, head.headers))
             self.head = ResponseHead()
             return
-        if self._other_coding:
+        if head.chunked is False:  # a coding other than chunked: not relayed
             raise httptools.HttpParserError("a Transfer-Encoding other than chunked")
         head.status = status
         head.reason = reason

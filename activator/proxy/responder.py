@@ -289,7 +289,7 @@ class Proxy:
             if record.status != 101:  # a tunnel counted its own bytes
                 record.bytes_out = exchange.bytes_sent
                 record.bytes_in = exchange.body_bytes
-            if exchange.was_cut and not exchange.finished:
+            if not exchange.finished and exchange.was_cut:
                 record.status, record.reason = 499, "client-gone"
             elif record.status == 0:
                 record.status = exchange.status
@@ -422,16 +422,30 @@ class Proxy:
         cancels the call), an HTTP/1.1 pod's connection is closed if the service says
         ``client_gone: cancel``; either way the slot is free at once.
         """
-        cancel = config.protocol == H2C or config.client_gone == "cancel"
         try:
-            with CancelWhenGone(exchange, "the client left while its request ran") if cancel else _NOT_WATCHED:
-                response = self._send_to_pod(exchange, pod_headers, config, lease, record)
-                if not response.upgraded:
-                    self._relay(exchange, response, record, lease)
+            if config.protocol == H2C or config.client_gone == "cancel":
+                with CancelWhenGone(exchange, "the client left while its request ran"):
+                    response = self._answer_from_pod(exchange, pod_headers, config, lease, record)
+            else:  # no watch at all (a with-statement costs some 2,000 instructions)
+                response = self._answer_from_pod(exchange, pod_headers, config, lease, record)
             if response.upgraded:
                 self._tunnel(exchange, response, config, record, lease)
         finally:
             lease.release()
+
+    def _answer_from_pod(
+        self,
+        exchange: ClientExchange,
+        pod_headers: list[Header],
+        config: ServiceConfig,
+        lease: SlotLease,
+        record: RequestRecord,
+    ) -> PodResponse:
+        """The pod's answer, relayed to the client unless it switches protocols (a tunnel)."""
+        response = self._send_to_pod(exchange, pod_headers, config, lease, record)
+        if not response.upgraded:
+            self._relay(exchange, response, record, lease)
+        return response
 
     def _peer_unreachable(self, target: Forward, error: UpstreamConnectError) -> None:
         """A forward to ``target`` could not connect: tell the writer, and wait until it
@@ -528,13 +542,13 @@ class Proxy:
             head.method, head.target, pod_headers, exchange, head.framing, head.content_length, exchange.interim
         )
         while True:
-            record.pod = lease.pod
+            record.pod = pod = lease.pod
             if waited and exchange.client_gone():
                 # It waited: did its client leave at the very moment the slot came?
                 raise ClientGone("the client hung up as its slot came")
             sent_at = time.monotonic()
             try:
-                response = self._pod_client(lease.pod, config.protocol).request(request, timeouts)
+                response = self._pod_client(pod, config.protocol).request(request, timeouts)
             except UpstreamConnectError as error:
                 lease.failed(error.kind)
                 if may_retry_elsewhere(error.kind, error.connected, error.body_read, retries, self.stopping):
@@ -699,21 +713,6 @@ class CancelWhenGone:
         if self._inside and not self._greenlet.dead:
             self._inside = False
             self._greenlet.throw(ClientGone(self._why))
-
-
-class _NotWatched:
-    """``CancelWhenGone``'s stand-in where the client's leaving cancels nothing."""
-
-    __slots__ = ()
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-
-_NOT_WATCHED = _NotWatched()
 
 
 class EveryPath:
