@@ -37,7 +37,17 @@ from typing import Any
 from . import slots as slot_division
 from .config import Config, ServiceConfig
 from .errors import PeerUnavailable
-from .peering import ACTIVATOR_SCOPE, WORKER_SCOPE, Answer, HandOvers, PeerHealth, PeerState, PodCounts, capped
+from .peering import (
+    ACTIVATOR_SCOPE,
+    WORKER_SCOPE,
+    Answer,
+    HandOvers,
+    Holder,
+    PeerHealth,
+    PeerState,
+    PodCounts,
+    capped,
+)
 
 
 @dataclass(frozen=True)
@@ -50,12 +60,26 @@ class Forward:
 
 @dataclass(frozen=True)
 class CheckTarget:
-    """Check ``name`` at ``address`` with ``view`` (what we believe its shares are)."""
+    """Check ``name`` at ``address`` with ``view`` (what we believe its shares are), as
+    ``sender``, proved with ``secret`` (None: the siblings' secret, which the shell keeps;
+    for a peer, None only when no secret is in force: no check then)."""
 
     name: str
     address: str
     scope: str
     view: PodCounts
+    sender: str = ""
+    secret: str | None = field(default=None, repr=False)
+
+
+@dataclass(frozen=True)
+class Departed:
+    """A peer that left the file, still asked (at ``address``, with the ``secret`` and our
+    ``name`` of the file it left) until it runs nothing of the slots that moved."""
+
+    address: str
+    secret: str | None = field(repr=False)
+    name: str
 
 
 @dataclass(frozen=True)
@@ -104,7 +128,10 @@ class Fleet:
         self.views: dict[str, PodCounts] = {}
         self.health: dict[str, PeerHealth] = {}
         #: Peers that left the file, still checked until nothing of theirs is in use.
-        self.departed: dict[str, str] = {}
+        self.departed: dict[str, Departed] = {}
+        #: This activator's name, kept from the last file that named it (a file back to
+        #: one activator may have no ``activators`` section: the leavers are asked as it).
+        self.name = ""
         self.handovers = HandOvers()
         #: (service, pod) -> the issuers whose views capped it here and lifted since: they
         #: answer before a gain of it is used.
@@ -116,8 +143,7 @@ class Fleet:
 
     @property
     def me(self) -> str:
-        peers = self.config.activators if self.config is not None else None
-        return peers.self_name if peers is not None else ""
+        return self.name
 
     def configure(self, config: Config, now: float) -> None:
         """A new file: peers come, stay or leave (a leaving peer is still asked)."""
@@ -125,11 +151,13 @@ class Fleet:
         new = config.activators
         self.config = config
         peers = dict(new.peers) if new is not None and len(new.peers) > 1 else {}
-        me = new.self_name if new is not None else ""
+        if new is not None:
+            self.name = new.self_name
+        me = self.name
         if old is not None:
             for name, address in old.peers.items():
                 if name != me and name not in peers and self.shares:
-                    self.departed[name] = str(address)
+                    self.departed[name] = Departed(str(address), old.secret, old.self_name)
         for name in list(self.health):
             if name not in peers and name not in self.departed:
                 del self.health[name]
@@ -144,7 +172,11 @@ class Fleet:
                 health.address = str(address)
         for issuer in list(self.views):
             if not self._valid_issuer(issuer):
-                del self.views[issuer]
+                # Its caps lift: a slot one of them held from us waits for it (a leaver
+                # is still asked; one forgotten runs nothing).
+                for service_name, caps in self.views.pop(issuer).items():
+                    for pod in caps:
+                        self.lifted.setdefault((service_name, pod), set()).add(issuer)
 
     def _valid_issuer(self, issuer: str) -> bool:
         if issuer.startswith("worker "):
@@ -168,7 +200,7 @@ class Fleet:
             # ours by this file (theirs by an older one): each answers first, with what it
             # runs at or under its share by ours (a peer whose port refuses runs nothing).
             for pod, share in new.mine.items():
-                holders = {name: new.activators.get(name, {}).get(pod, 0) for name in self.health}
+                holders = {name: Holder(new.activators.get(name, {}).get(pod, 0), share) for name in self.health}
                 self.handovers.plan(service.name, pod, share, holders, now, deadline)
         return self.usable(service.name)
 
@@ -227,12 +259,14 @@ class Fleet:
             shares.capped_by += _below(division[str(self.worker_index)], caps)
         return shares
 
-    def _holders(self, service: str, old: Shares, new: Shares, pod: str) -> dict[str, int]:
-        """Who must answer before more of ``pod`` is used here, each with the share it must
-        be at or under: every holder (peer, leaver, sibling) whose share of it shrank in
-        our file, every peer that left the file, and every peer whose view capped it here
-        and lifted since (it may still run requests on the slot)."""
-        holders: dict[str, int] = {}
+    def _holders(self, service: str, old: Shares, new: Shares, pod: str, gained: int) -> dict[str, Holder]:
+        """The holders of ``pod`` that may run more of it than they may now, each with the
+        share it must come down to and how far above it it may be: every holder (peer,
+        leaver, sibling) whose share of it shrank in our file (by what it lost: a cc that
+        falls takes slots that may still be in use), and, when ours grew (``gained``),
+        every peer whose view capped it here and lifted since (it may still run requests
+        on the slot)."""
+        holders: dict[str, Holder] = {}
         for before_all, after_all, me in (
             (old.activators, new.activators, self.me),
             (old.workers, new.workers, self.me_worker),
@@ -243,13 +277,12 @@ class Fleet:
                 before = before_all.get(holder, {}).get(pod, 0)
                 after = after_all.get(holder, {}).get(pod, 0)
                 if before > after:
-                    holders[holder] = after
-        for name in self.departed:
-            holders[name] = 0
-        for name in self.lifted.pop((service, pod), set()):
-            if self._valid_issuer(name) or name in self.departed:  # (one forgotten since: gone)
-                level = new.workers if name.startswith("worker ") else new.activators
-                holders.setdefault(name, level.get(name, {}).get(pod, 0))
+                    holders[holder] = Holder(after, before - after)
+        if gained > 0:
+            for name in self.lifted.pop((service, pod), set()):
+                if self._valid_issuer(name) or name in self.departed:  # (one forgotten since: gone)
+                    level = new.workers if name.startswith("worker ") else new.activators
+                    holders.setdefault(name, Holder(level.get(name, {}).get(pod, 0), gained))
         return holders
 
     def _plan(
@@ -262,13 +295,16 @@ class Fleet:
     ) -> None:
         assert old.mine is not None and new.mine is not None
         for pod, share in new.mine.items():
-            before = old.mine.get(pod, 0)
-            if share > before:
-                self.handovers.plan(service, pod, share - before, self._holders(service, old, new, pod), now, deadline)
-            elif share < before:
-                self.handovers.shrink(service, pod, share)
+            gained = share - old.mine.get(pod, 0)
+            holders = self._holders(service, old, new, pod, gained)
+            cap = (
+                max(0, gained)
+                + _vanished(old.activators, new.activators, pod)
+                + _vanished(old.workers, new.workers, pod)
+            )
+            self.handovers.plan(service, pod, share, holders, now, deadline, cap)
         for pod in set(old.mine) - set(new.mine):
-            self.handovers.shrink(service, pod, 0)
+            self.handovers.plan(service, pod, 0, {}, now, deadline)
 
     # -- events ------------------------------------------------------------------------
 
@@ -389,15 +425,22 @@ class Fleet:
     def check_targets(self, worker_addresses: tuple[str, ...]) -> list[CheckTarget]:
         """Whom to check, each with our view of its shares."""
         targets: list[CheckTarget] = []
+        peers = self.config.activators if self.config is not None else None
         for name, health in sorted(self.health.items()):
             view = {s: self._view_of(shares.pods, shares.activators.get(name, {})) for s, shares in self.shares.items()}
-            targets.append(CheckTarget(name, health.address, ACTIVATOR_SCOPE, _limited(view, self.shares)))
+            departed = self.departed.get(name)
+            if departed is not None:
+                sender, secret = departed.name, departed.secret
+            else:
+                sender, secret = self.me, peers.secret if peers is not None else None
+            limited = _limited(view, self.shares)
+            targets.append(CheckTarget(name, health.address, ACTIVATOR_SCOPE, limited, sender, secret))
         for index, address in enumerate(worker_addresses):
             name = worker_name(index)
             if index == self.worker_index:
                 continue
             view = {s: self._view_of(shares.pods, shares.workers.get(name, {})) for s, shares in self.shares.items()}
-            targets.append(CheckTarget(name, address, WORKER_SCOPE, _limited(view, self.shares)))
+            targets.append(CheckTarget(name, address, WORKER_SCOPE, _limited(view, self.shares), self.me_worker))
         return targets
 
     @staticmethod
@@ -425,6 +468,14 @@ class Fleet:
             "handover_slots": sum(p["slots"] for p in pending),
             "capped_by": list(shares.capped_by) if shares is not None else [],
         }
+
+
+def _vanished(before: Mapping[str, Mapping[str, int]], after: Mapping[str, Mapping[str, int]], pod: str) -> int:
+    """How many fewer slots of ``pod`` the holders have in all (a cc that fell, a share of
+    ours that fell among our workers; 0 when the pod is gone: nobody uses it)."""
+    total_before = sum(shares.get(pod, 0) for shares in before.values())
+    total_after = sum(shares.get(pod, 0) for shares in after.values())
+    return max(0, total_before - total_after) if total_after else 0
 
 
 def _below(own: Mapping[str, int], caps: Mapping[str, Mapping[str, int]]) -> tuple[str, ...]:

@@ -253,7 +253,8 @@ def removed_c(request_timeout: float | None = 300.0) -> tuple[Fleet, ServiceConf
 
 def test_a_removed_peers_slots_are_held_until_it_answers_with_none_in_use() -> None:
     fleet, api = removed_c()
-    assert fleet.departed == {"vm-c": str(address("vm-c"))}
+    assert list(fleet.departed) == ["vm-c"]
+    assert fleet.departed["vm-c"].address == str(address("vm-c")) and fleet.departed["vm-c"].secret == "s"
     assert fleet.snapshot_peers(10.0)["vm-c"]["departed"] is True
     snap = fleet.snapshot_service("api", 12.0)
     assert snap["handover_slots"] == sum(GAINED.values())
@@ -651,3 +652,60 @@ def test_a_new_address_for_a_peer_is_followed() -> None:
     apply(fleet, moved, 2.0)
     assert target(fleet, "vm-b").address == "10.9.9.9:8080"
     assert fleet.health["vm-b"].state is PeerState.UP  # the same peer: its health is kept
+
+
+# -- found by the model of the fleet (tests/core/test_fleet_model.py) --------------------------
+
+
+def test_a_cc_that_falls_waits_for_the_holder_of_the_slot_that_vanished() -> None:
+    # cc 2 -> 1 on a pod of two activators: one keeps its slot, the other's vanishes, and
+    # its request may still run there: the slot that remains waits for its answer.
+    two = ("vm-a", "vm-b")
+    before, after = svc("10.0.1.1:8000", cc=2), svc("10.0.1.1:8000", cc=1)
+    [keeper] = [p for p, owned in division(after, two).items() if owned]
+    [loser] = [p for p in two if p != keeper]
+    fleet = fleet_of(keeper, two, before)
+    assert fleet.usable("api") == {"10.0.1.1:8000": 1}
+    assert apply(fleet, config(keeper, two, after), 10.0) == {"api": {"10.0.1.1:8000": 0}}
+    [held] = fleet.snapshot_service("api", 10.0)["handover"]
+    assert held["waiting_on"] == [loser]
+    busy = answer(loser, {"api": {"10.0.1.1:8000": 1}})
+    assert fleet.checked(loser, 11.0, busy, "", 11.5) == set()
+    assert fleet.checked(loser, 12.0, answer(loser, {"api": {"10.0.1.1:8000": 0}}), "", 12.5) == {"api"}
+    assert fleet.usable("api") == {"10.0.1.1:8000": 1}
+
+
+def test_a_cc_that_falls_among_workers_waits_for_the_sibling() -> None:
+    before, after = svc("10.0.1.1:8000", cc=2), svc("10.0.1.1:8000", cc=1)
+    keeper = next(i for i in range(2) if divide_slots(limits(after), ["0", "1"])[str(i)].get("10.0.1.1:8000"))
+    fleet = Fleet(worker_index=keeper, workers=2)
+    apply(fleet, config(None, (), before, workers=2), 0.0)
+    assert fleet.usable("api") == {"10.0.1.1:8000": 1}
+    assert apply(fleet, config(None, (), after, workers=2), 1.0) == {"api": {"10.0.1.1:8000": 0}}
+    sibling = f"worker {1 - keeper}"
+    assert fleet.checked(sibling, 2.0, None, "connection refused", 2.0, refused=True) == {"api"}  # it crashed
+    assert fleet.usable("api") == {"10.0.1.1:8000": 1}
+
+
+def test_back_to_one_activator_without_peers_still_asks_the_leaver() -> None:
+    # Knative's TestActivatorsIndexUpdate: the file drops the peers section altogether;
+    # the leaver is still asked (as this activator's name in the file it left, with that
+    # file's secret), and a leaver whose port refuses runs nothing: every slot at once.
+    api = svc(*SIX, cc=1)
+    fleet = fleet_of("vm-a", ("vm-a", "vm-b"), api)
+    usable = apply(fleet, config(None, (), api), 10.0)["api"]
+    assert usable is not None and sum(usable.values()) < len(SIX)
+    [leaver] = fleet.check_targets(())
+    assert (leaver.name, leaver.sender, leaver.secret) == ("vm-b", "vm-a", "s")
+    assert fleet.checked("vm-b", 11.0, None, "connection refused", 11.0, refused=True) == {"api"}
+    assert fleet.usable("api") is None or fleet.usable("api") == dict.fromkeys(SIX, 1)
+    assert fleet.departed == {} and fleet.check_targets(()) == []
+
+
+def test_the_leaver_of_a_file_without_peers_answering_releases_its_slots() -> None:
+    api = svc(*SIX, cc=1)
+    fleet = fleet_of("vm-a", ("vm-a", "vm-b"), api)
+    apply(fleet, config(None, (), api), 10.0)
+    assert fleet.me == "vm-a"  # (not "": an answer of the leaver lists the asker by that name)
+    assert fleet.checked("vm-b", 11.0, idle("vm-b", api), "", 11.5) == {"api"}
+    assert fleet.handovers.pending == {}
