@@ -15,7 +15,9 @@ Properties, after every step:
   at most the largest cc any live process's file gives it: never more than the cc in
   force during a change, and never more than the new cc once every holder applied it.
 - **Liveness** (``settle``, a step of its own): once the network heals, every listed
-  activator runs the file in force and every request ended, a few rounds of checks
+  activator runs the file in force, every removed one still running has a file that
+  lists them all (one that does not cannot answer them as a peer: it is stopped) and
+  every request ended, a few rounds of checks
   answered promptly (no time passes beyond the hand-overs' deadlines) make every slot
   usable: the listed activators' capacities add up to the pods' cc, with no hand-over
   left pending. And within a process, nobody waits while a usable slot is free (the
@@ -210,6 +212,13 @@ class FleetModel(RuleBasedStateMachine):
         for name in sim.processes:
             if sim.running(name):
                 sim.start(name)  # (its workers that crashed: restarted)
+        for process in list(sim.live()):
+            # A removed activator whose file does not list every listed one cannot answer
+            # them as a peer (its answers release nothing): the operator stops it.
+            if process.file is None:
+                continue  # (its activator was just stopped)
+            if process.activator not in sim.file.peers and not set(sim.file.peers) <= set(process.file.peers):
+                sim.crash(process.activator)
         if self._unlisted_stopped():
             for name in sim.file.peers:
                 sim.start(name)
