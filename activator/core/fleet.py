@@ -80,6 +80,8 @@ class Departed:
     address: str
     secret: str | None = field(repr=False)
     name: str
+    #: When it is waited out (the longest life of a request it may run; None: never).
+    until: float | None = None
 
 
 @dataclass(frozen=True)
@@ -155,9 +157,10 @@ class Fleet:
             self.name = new.self_name
         me = self.name
         if old is not None:
+            until = _longest_life(config, now)
             for name, address in old.peers.items():
                 if name != me and name not in peers and self.shares:
-                    self.departed[name] = Departed(str(address), old.secret, old.self_name)
+                    self.departed[name] = Departed(str(address), old.secret, old.self_name, until)
         for name in list(self.health):
             if name not in peers and name not in self.departed:
                 del self.health[name]
@@ -195,12 +198,17 @@ class Fleet:
         deadline = None if service.request_timeout is None else now + service.request_timeout + grace
         if old is not None and old.mine is not None and new.mine is not None:
             self._plan(service.name, old, new, now, deadline)
-        elif old is None and self.hand_over_at_start and new.mine is not None and new.activators:
-            # New here (a start, or a service added): the peers may run requests on what is
-            # ours by this file (theirs by an older one): each answers first, with what it
-            # runs at or under its share by ours (a peer whose port refuses runs nothing).
+        elif old is None and self.hand_over_at_start and new.mine is not None and (new.activators or new.workers):
+            # New here (a start, a worker restarted, or a service added): the peers and the
+            # siblings may run requests on what is ours by this file (theirs by an older
+            # one, or above a share that fell while this worker was away): each answers
+            # first, with what it runs at or under its share by ours (a peer whose port
+            # refuses runs nothing).
             for pod, share in new.mine.items():
                 holders = {name: Holder(new.activators.get(name, {}).get(pod, 0), share) for name in self.health}
+                for sibling, shares in new.workers.items():
+                    if sibling != self.me_worker:
+                        holders[sibling] = Holder(shares.get(pod, 0), share)
                 self.handovers.plan(service.name, pod, share, holders, now, deadline)
         return self.usable(service.name)
 
@@ -279,6 +287,10 @@ class Fleet:
                 if before > after:
                     holders[holder] = Holder(after, before - after)
         if gained > 0:
+            # A peer that left may run requests on what comes to us now (it is asked until
+            # it runs nothing, or is waited out).
+            for name in self.departed:
+                holders.setdefault(name, Holder(0, gained))
             for name in self.lifted.pop((service, pod), set()):
                 if self._valid_issuer(name) or name in self.departed:  # (one forgotten since: gone)
                     level = new.workers if name.startswith("worker ") else new.activators
@@ -381,12 +393,14 @@ class Fleet:
         return released
 
     def expire(self, now: float) -> set[str]:
-        """Hand-overs waited out: the services to re-apply. Leavers nobody waits on go."""
+        """Hand-overs waited out: the services to re-apply. Leavers waited out go (nobody
+        waits on them any more)."""
         released = self.handovers.expire(now)
         waited_on = self.handovers.waiting_on()
-        for peer in [p for p in self.departed if p not in waited_on]:
-            del self.departed[peer]
-            self.health.pop(peer, None)
+        for peer, departed in list(self.departed.items()):
+            if peer not in waited_on and departed.until is not None and now >= departed.until:
+                del self.departed[peer]
+                self.health.pop(peer, None)
         return released
 
     def take_changes(self) -> list[PeerChange]:
@@ -468,6 +482,14 @@ class Fleet:
             "handover_slots": sum(p["slots"] for p in pending),
             "capped_by": list(shares.capped_by) if shares is not None else [],
         }
+
+
+def _longest_life(config: Config, now: float) -> float | None:
+    """Until when a request started now may run, in any service (None: no limit)."""
+    lives = [service.request_timeout for service in config.services.values()]
+    if any(life is None for life in lives):
+        return None
+    return now + max((life for life in lives if life is not None), default=0.0) + config.grace_period
 
 
 def _vanished(before: Mapping[str, Mapping[str, int]], after: Mapping[str, Mapping[str, int]], pod: str) -> int:

@@ -359,13 +359,14 @@ class HandOvers:
         """Our usable share of ``pod`` is now ``share``; ``holders`` (new ones, or ones
         whose share fell again) may run requests above theirs until they answer a check
         asked after ``now``, and ``cap`` more of our share waits for them (None: all of
-        it). Holders already waited on keep their place; the deadline is the later one."""
+        it). Holders already waited on keep their place, whatever our share meanwhile; the
+        deadline is the later one."""
         key = (service, pod)
         holders = {name: holder for name, holder in holders.items() if holder.excess > 0}
         more = share if cap is None else cap
         gain = self.pending.get(key)
         if gain is None:
-            if share <= 0 or more <= 0 or not holders:
+            if more <= 0 or not holders:
                 return
             gain = self.pending[key] = PendingGain(service, pod, share, 0, now, deadline, {})
         elif holders:
@@ -377,8 +378,8 @@ class HandOvers:
             wait = gain.waiting_on.get(name)
             excess = holder.excess if wait is None else max(wait.excess, holder.excess)
             gain.waiting_on[name] = Wait(holder.share, excess, now)
-        if gain.share <= 0:
-            del self.pending[key]
+        # (a share that fell to nothing keeps its waits: the holders may still run requests
+        # on the pod when it comes back, by a cap that lifts or a file)
 
     def answered(self, peer: str, in_use: PodCounts, asked_at: float) -> set[str]:
         """``peer`` answered a check made at ``asked_at`` (it applied that check's view

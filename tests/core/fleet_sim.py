@@ -17,7 +17,8 @@ fewest lines that keep the shell's contract (``activator.peers``):
   possible.
 - **Requests** arrive at a process, are granted (or queued, for a single worker) by its
   throttler, and end when the test completes them; a request lives at most
-  ``REQUEST_TIMEOUT`` (the shell enforces it), so advancing the clock past it ends it.
+  ``REQUEST_TIMEOUT`` and waits at most ``QUEUE_TIMEOUT`` (the shell enforces both), so
+  advancing the clock past them ends it.
 - **Crashes**: a process that crashes loses its requests (its connections to the pods
   close with it) and refuses checks until it is started again, with the file in force.
 
@@ -35,6 +36,7 @@ from builders import pod as pod_config
 from builders import svc
 
 from activator.core.config import ActivatorsConfig, Address, Config
+from activator.core.errors import QueueFull
 from activator.core.events import PeerChecked, Tick, ViewReceived
 from activator.core.fleet import CheckTarget
 from activator.core.peering import ACTIVATOR_SCOPE, WORKER_SCOPE, Answer, Check, merge_answers
@@ -45,6 +47,7 @@ NAMES = ("a", "b", "c", "d")
 PODS = ("10.0.0.1:80", "10.0.0.2:80", "10.0.0.3:80")
 SERVICE = "api"
 REQUEST_TIMEOUT = 20.0
+QUEUE_TIMEOUT = 5.0
 GRACE = 5.0
 SECRET = "model-secret"
 
@@ -72,7 +75,7 @@ class File:
             *(pod_config(address, drain=drain) for address, drain in self.pods),
             cc=self.cc,
             request_timeout=REQUEST_TIMEOUT,
-            queue_timeout=1e9,
+            queue_timeout=QUEUE_TIMEOUT,
         )
         return Config(path="model.yaml", grace_period=GRACE, activators=activators, services={SERVICE: service})
 
@@ -195,7 +198,10 @@ class Sim:
                 self._granted(grant)
                 process.requests.append(Request(process, grant, None, self.now))
             return
-        taken = throttler.acquire(self.now)
+        try:
+            taken = throttler.acquire(self.now)
+        except QueueFull:
+            return  # answered 503 queue-full
         if isinstance(taken, Grant):
             self._granted(taken)
             process.requests.append(Request(process, taken, None, self.now))
@@ -238,7 +244,8 @@ class Sim:
         self.now += seconds
         for process in list(self.live()):
             for request in list(process.requests):
-                if request.grant is not None and self.now - request.started >= REQUEST_TIMEOUT:
+                timeout = REQUEST_TIMEOUT if request.grant is not None else QUEUE_TIMEOUT
+                if self.now - request.started >= timeout:
                     self.complete(request)
             assert process.topology is not None
             self.act(process, process.topology.handle(Tick(), self.now))

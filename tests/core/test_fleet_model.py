@@ -28,7 +28,12 @@ Assumptions of the model (what the shell and the world are taken to do):
 - A process that crashes (or stops) ends its requests with it: the connections to the
   pods close, and the pods stop running them. A process that is not running refuses
   connections (nothing listens on its port); a partitioned one times out.
-- A request lives at most ``request_timeout`` (the shell cancels it then).
+- A request lives at most ``request_timeout`` and waits at most ``queue_timeout`` (the
+  shell ends it then); ``queue_timeout`` is shorter than ``request_timeout`` plus the
+  grace period, as by default.
+- Clients reach only the activators the file in force lists (the README's "Removing a
+  VM": out of the L4 balancer first); a removed one still runs what it had, and what was
+  waiting there.
 - The relay of a check to an activator's workers is applied at every worker before the
   answer is made (as ``PeerEndpoint`` does); a worker not running makes the activator's
   answer fail (503).
@@ -79,17 +84,27 @@ class FleetModel(RuleBasedStateMachine):
         live = list(self.sim.live())
         return live[choice % len(live)] if live else None
 
+    def _serving(self) -> list[Process]:
+        """The processes clients reach: those of the activators the file lists."""
+        return [p for p in self.sim.live() if p.activator in self.sim.file.peers]
+
     def _message(self, choice: int) -> Message | None:
         network = self.sim.network
         return network[choice % len(network)] if network else None
 
     # -- requests ---------------------------------------------------------------------
 
-    @rule(choice=st.integers(0, 99))
-    def arrive(self, choice: int) -> None:
-        process = self._process(choice)
-        if process is not None:
-            self.sim.arrive(process)
+    @rule(choice=st.integers(0, 99), count=st.integers(1, 4))
+    def arrive(self, choice: int, count: int) -> None:
+        serving = self._serving()
+        for _ in range(count if serving else 0):
+            self.sim.arrive(serving[choice % len(serving)])
+
+    @rule(count=st.integers(1, 3))
+    def arrive_everywhere(self, count: int) -> None:
+        for process in self._serving():
+            for _ in range(count):
+                self.sim.arrive(process)
 
     @rule(choice=st.integers(0, 99))
     def complete(self, choice: int) -> None:
@@ -104,6 +119,15 @@ class FleetModel(RuleBasedStateMachine):
         process = self._process(choice)
         if process is not None:
             self.sim.send_checks(process)
+
+    @rule()
+    def check_round(self) -> None:
+        """Every process checks every target, and the network delivers it all (a round
+        with no fault; the partitions still cut)."""
+        for process in list(self.sim.live()):
+            self.sim.send_checks(process)
+        while self.sim.network:
+            self.sim.deliver(self.sim.network[0])
 
     @rule(choice=st.integers(0, 99))
     def deliver(self, choice: int) -> None:
@@ -165,17 +189,35 @@ class FleetModel(RuleBasedStateMachine):
         if behind:
             self.sim.apply_file(behind[choice % len(behind)])
 
+    @rule()
+    def roll_out(self) -> None:
+        """Every listed process applies the file in force, one after the other."""
+        for process in list(self.sim.live()):
+            if process.file != self.sim.file and process.activator in self.sim.file.peers:
+                self.sim.apply_file(process)
+
     # -- the file ---------------------------------------------------------------------
 
-    @rule(name=st.sampled_from(NAMES))
-    def toggle_peer(self, name: str) -> None:
+    @rule(choice=st.integers(0, 99))
+    def toggle_peer(self, choice: int) -> None:
         file = self.sim.file
-        if name not in self.sim.processes:
-            return
+        names = sorted(self.sim.processes)
+        name = names[choice % len(names)]
         leaving = name in file.peers
         peers = tuple(p for p in file.peers if p != name) if leaving else tuple(sorted((*file.peers, name)))
         if peers:
             self.sim.file = File(peers, file.pods, file.cc)
+
+    @rule(choice=st.integers(0, 99))
+    def add_a_vm(self, choice: int) -> None:
+        """The README's "Adding a VM": it starts with the new file first (the others
+        apply it later, one by one)."""
+        sim = self.sim
+        out = [name for name in sorted(sim.processes) if name not in sim.file.peers and not sim.running(name)]
+        if out and self._unlisted_stopped():
+            name = out[choice % len(out)]
+            sim.file = File(tuple(sorted((*sim.file.peers, name))), sim.file.pods, sim.file.cc)
+            sim.start(name)
 
     @rule(cc=st.integers(1, 3))
     def set_cc(self, cc: int) -> None:
@@ -248,6 +290,11 @@ class FleetModel(RuleBasedStateMachine):
         expected = sum(sim.file.cc_of(pod) for pod in PODS)
         assert capacity == expected, f"the listed activators can use {capacity} slots of {expected}"
 
+    def teardown(self) -> None:
+        """Every run ends settled: liveness is checked after whatever came before."""
+        if hasattr(self, "sim"):
+            self.settle()
+
     # -- safety -----------------------------------------------------------------------
 
     @invariant()
@@ -264,7 +311,7 @@ class FleetModel(RuleBasedStateMachine):
 
 FleetModel.TestCase.settings = settings(
     max_examples=EXAMPLES,
-    stateful_step_count=40,
+    stateful_step_count=50,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )

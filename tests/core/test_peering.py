@@ -516,8 +516,11 @@ def test_a_share_that_falls_holds_no_more_than_itself() -> None:
     h.plan("api", "p1", 1, {}, now=11.0, deadline=None)
     assert h.held("api", "p1") == 1
     h.plan("api", "p1", 0, {}, now=11.0, deadline=None)
-    assert h.pending == {} and h.waiting_on() == set()
+    assert h.held("api", "p1") == 0 and h.waiting_on() == {"vm-b"}  # (it may come back)
+    h.plan("api", "p1", 2, {}, now=12.0, deadline=None)
+    assert h.held("api", "p1") == 2  # back: vm-b still has not answered
     h.plan("api", "p9", 0, {}, now=11.0, deadline=None)  # nothing pending: nothing to do
+    assert ("api", "p9") not in h.pending
 
 
 def test_hand_over_snapshot() -> None:
