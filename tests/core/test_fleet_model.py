@@ -245,10 +245,10 @@ class FleetModel(RuleBasedStateMachine):
 
     # -- liveness ---------------------------------------------------------------------
 
-    @rule()
-    def settle(self) -> None:
-        """The network heals, every listed activator runs the file in force, every request
-        ends: a few rounds of prompt checks make every slot usable."""
+    def _heal_and_roll(self) -> None:
+        """The premises of liveness: no partition, crashed workers restarted, a removed
+        activator that cannot answer the listed ones stopped, every listed activator
+        running the file in force, no request left."""
         sim = self.sim
         sim.cut.clear()
         for name in sim.processes:
@@ -269,6 +269,13 @@ class FleetModel(RuleBasedStateMachine):
                 sim.apply_file(process)
             for request in list(process.requests):
                 sim.complete(request)
+
+    @rule()
+    def settle(self) -> None:
+        """The network heals, every listed activator runs the file in force, every request
+        ends: a few rounds of prompt checks make every slot usable."""
+        sim = self.sim
+        self._heal_and_roll()
         for _ in range(SETTLE_ROUNDS):
             for process in list(sim.live()):
                 sim.send_checks(process)
