@@ -45,10 +45,10 @@ def config_path(given: str | None) -> str:
 def cmd_run(args: argparse.Namespace) -> int:
     """One activator process; with ``workers: N > 1`` the supervisor of N workers (a
     worker is this same command, started by the supervisor with its sockets)."""
-    from .configfile import load_config
-    from .logs import fatal, setup_logging
-    from .server import run
-    from .workersockets import WorkerSockets
+    from .ops.logs import fatal, setup_logging
+    from .process.configfile import load_config
+    from .process.server import run
+    from .process.workersockets import WorkerSockets
 
     setup_logging()
     try:
@@ -58,7 +58,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 2
     worker = WorkerSockets.from_env()
     if worker is None and config.workers > 1:
-        from .workers import Supervisor
+        from .process.workers import Supervisor
 
         try:
             supervisor = Supervisor(config)
@@ -70,10 +70,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from .configfile import load_config
     from .core.config import describe_config, diff_configs
     from .core.topology import Topology
-    from .tls import load_context
+    from .front.tls import load_context
+    from .process.configfile import load_config
 
     try:
         config = load_config(config_path(args.config))
@@ -111,7 +111,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from .demo import run_demo
+    from .process.demo import run_demo
 
     return run_demo(delay=args.delay, listen=args.listen, admin=args.admin, pods=args.pods)
 
@@ -166,6 +166,7 @@ def format_status(status: dict[str, Any]) -> str:
             f"  in_flight={service['in_flight']}  queued={service['queued']}/{service['queue_depth']}"
             f"  oldest_wait={_seconds(service.get('oldest_wait_seconds', 0.0))}"
         )
+        lines += _queue_lines(service)
         per_second = service.get("per_second", {})
         lines.append(
             f"  rates (last 10s): {service.get('requests_per_second', 0.0):.1f} req/s"
@@ -186,6 +187,24 @@ def format_status(status: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _queue_lines(service: dict[str, Any]) -> list[str]:
+    """Per priority class: queued, the oldest wait, sheds; the tenants with the most queued."""
+    lines = []
+    classes = service.get("classes")
+    if classes:
+        lines.append(
+            "  classes: "
+            + "  ".join(
+                f"{name} queued={c['queued']} oldest_wait={_seconds(c['oldest_wait_seconds'])} shed={c['shed']}"
+                for name, c in classes.items()
+            )
+        )
+    if "top_tenants" in service:
+        top = ", ".join(f"{t['tenant'] or '(none)'}={t['queued']}" for t in service["top_tenants"])
+        lines.append(f"  tenants waiting: {service['tenants']}" + (f"  most queued: {top}" if top else ""))
+    return lines
+
+
 def admin_address(given: str | None, config: str | None) -> str:
     """Where ``activator status`` reads from (see the module docstring); raises ConfigError."""
     if given is not None:
@@ -194,7 +213,7 @@ def admin_address(given: str | None, config: str | None) -> str:
     path = config_path(config)
     if not named and not os.path.exists(path):
         return DEFAULT_ADMIN
-    from .configfile import load_config
+    from .process.configfile import load_config
 
     loaded = load_config(path)
     if loaded.admin is None:
@@ -254,24 +273,23 @@ def watch_status(admin: str, interval: float, as_json: bool) -> int:
     return 0
 
 
-def _port(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
-    if not 1 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"must be 1..65535, got {text}")
-    return value
+def _bounded(convert: type[int] | type[float], what: str, low: float, high: float, unit: str = "") -> Any:
+    """An argparse ``type``: ``text`` converted, within ``low..high``, else a clear error."""
+
+    def parse(text: str) -> int | float:
+        try:
+            value = convert(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not {what}: {text!r}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be {low:g}..{high:g}{unit}, got {text}")
+        return value
+
+    return parse
 
 
-def _interval(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not 0.1 <= value <= 3600:
-        raise argparse.ArgumentTypeError(f"must be 0.1..3600 seconds, got {text}")
-    return value
+_port = _bounded(int, "a port number", 1, 65535)
+_interval = _bounded(float, "a number of seconds", 0.1, 3600, " seconds")
 
 
 def parser() -> argparse.ArgumentParser:

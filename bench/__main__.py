@@ -24,7 +24,7 @@ import traceback
 from . import common as c
 from .report import Section, render
 
-SCENARIOS = ("overhead", "engine", "scheduling", "churn", "scale", "workers", "fleet", "protocols", "profile")
+SCENARIOS = ("overhead", "engine", "scheduling", "churn", "scale", "workers", "fleet", "protocols", "h2", "profile")
 
 
 def _module(name: str):  # imported lazily: a scenario's import error is that scenario's failure

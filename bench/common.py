@@ -446,13 +446,13 @@ class Baseline(ExtraBuild):
 #: What ``--compiled`` compiles: the modules every proxied HTTP/1.1 request runs through.
 #: Not the core's throttler (mypyc cannot compile its exception subclassing AssertionError).
 COMPILED_MODULES = (
-    "activator/deadlines.py",
-    "activator/hangup.py",
-    "activator/http1.py",
-    "activator/upstream.py",
-    "activator/engine.py",
-    "activator/proxy.py",
-    "activator/gate.py",
+    "activator/base/deadlines.py",
+    "activator/front/hangup.py",
+    "activator/front/http1.py",
+    "activator/pods/http1.py",
+    "activator/front/engine.py",
+    "activator/proxy/responder.py",
+    "activator/base/gate.py",
     "activator/core/http.py",
     "activator/core/lb.py",
 )
@@ -475,11 +475,11 @@ class Compiled(ExtraBuild):
         super().remove()
         shutil.copytree(ROOT / "activator", self.path / "activator", ignore=shutil.ignore_patterns("__pycache__"))
         shutil.copy2(ROOT / "pyproject.toml", self.path / "pyproject.toml")  # mypy's settings
-        upstream = self.path / "activator" / "upstream.py"
+        upstream = self.path / "activator" / "pods" / "http1.py"
         protocol_default = "def read(self, size: int = ...) -> bytes: ..."
         text = upstream.read_text()
         if protocol_default not in text:
-            raise RuntimeError(f"{protocol_default!r} not found in activator/upstream.py")
+            raise RuntimeError(f"{protocol_default!r} not found in activator/pods/http1.py")
         upstream.write_text(text.replace(protocol_default, protocol_default.replace("= ...", "= -1")))
         t0 = time.monotonic()
         compiled = subprocess.run(
@@ -494,9 +494,9 @@ class Compiled(ExtraBuild):
             raise RuntimeError(f"mypyc failed: {(compiled.stdout + compiled.stderr)[-500:]}")
         env = {"PYTHONPATH": str(self.path)}
         build = Build("activator (this tree, mypyc-compiled)", [PYTHON, "-m", "activator"], env, self.path)
-        imported = self._imported_from_path(build, "activator.http1")
+        imported = self._imported_from_path(build, "activator.front.http1")
         if not imported.name.endswith(".so"):
-            raise RuntimeError(f"activator.http1 is not the compiled module ({imported})")
+            raise RuntimeError(f"activator.front.http1 is not the compiled module ({imported})")
         log(f"compiled {len(COMPILED_MODULES)} modules with mypyc in {time.monotonic() - t0:.0f}s")
         return build
 
@@ -598,10 +598,13 @@ def start_backend(
 
 
 def start_nginx(
-    procs: Procs, name: str = "nginx", *, any_address: bool = False, role: str | None = "load"
+    procs: Procs, name: str = "nginx", *, any_address: bool = False, role: str | None = "load", h2c: bool = False
 ) -> tuple[harness.Process, int]:
-    """nginx answering every request with 200 "hello" (5 bytes), one worker, keep-alive forever."""
+    """nginx answering every request with 200 "hello" (5 bytes), one worker, keep-alive forever;
+    with ``h2c``, HTTP/2 with prior knowledge instead of HTTP/1.1 (1,000 streams per connection)."""
     nginx = procs.ctx.tools.get("nginx")
+    if nginx is None and h2c:
+        raise RuntimeError("nginx not available (the h2c pod)")
     if nginx is None:  # fallback: the gevent test pod (much slower than nginx; noted in the results)
         if "nginx missing: tests/backend.py stands in for it" not in procs.ctx.notes:
             procs.ctx.note("nginx missing: tests/backend.py stands in for it")
@@ -612,7 +615,8 @@ def start_nginx(
     for sub in ("logs", "tmp"):
         (prefix / sub).mkdir(exist_ok=True)
     user = "user root;\n" if os.geteuid() == 0 else ""
-    listen = f"{port}" if any_address else f"{LOCALHOST}:{port}"
+    listen = (f"{port}" if any_address else f"{LOCALHOST}:{port}") + (" http2" if h2c else "")
+    streams = "  http2_max_concurrent_streams 1000;\n" if h2c else ""
     conf = f"""{user}worker_processes 1;
 daemon off;
 pid {prefix}/nginx.pid;
@@ -628,7 +632,7 @@ http {{
   scgi_temp_path {prefix}/tmp/scgi;
   keepalive_requests 100000000;
   keepalive_timeout 600s;
-  default_type text/plain;
+{streams}  default_type text/plain;
   server {{
     listen {listen} backlog=4096;
     location / {{ return 200 "hello"; }}
@@ -641,7 +645,10 @@ http {{
         [nginx, "-p", str(prefix), "-c", str(prefix / "nginx.conf"), "-e", str(prefix / "logs" / "error.log")],
         role=role,
     )
-    harness.wait_http(f"{LOCALHOST}:{port}", "/", process=proc, timeout=10)
+    if h2c:
+        harness.wait_listening(f"{LOCALHOST}:{port}", process=proc, timeout=10)
+    else:
+        harness.wait_http(f"{LOCALHOST}:{port}", "/", process=proc, timeout=10)
     return proc, port
 
 
@@ -662,6 +669,18 @@ def start_hello(procs: Procs, name: str = "hello") -> tuple[harness.Process, int
 def start_forwarder(procs: Procs, upstream: int, name: str = "forwarder") -> tuple[harness.Process, int]:
     """bench/forwarder.py in front of 127.0.0.1:upstream, once a request went through it."""
     return _start_server(procs, name, "bench.forwarder", ["--upstream", f"{LOCALHOST}:{upstream}"], "/", "proxy")
+
+
+def start_h2_forwarder(
+    procs: Procs, upstream: int, name: str = "h2-forwarder", *, pod_h2c: bool = False
+) -> tuple[harness.Process, int]:
+    """bench/h2forwarder.py (h2c clients) in front of 127.0.0.1:upstream (an h2c pod with
+    ``pod_h2c``, else HTTP/1.1), once it listens (it speaks no HTTP/1.1 to wait with)."""
+    port = harness.free_port()
+    cmd = [PYTHON, "-m", "bench.h2forwarder", "--port", str(port), "--upstream", f"{LOCALHOST}:{upstream}"]
+    proc = procs.start(name, [*cmd, *(["--pod-h2c"] if pod_h2c else [])], role="proxy")
+    proc.wait_output(rf"^READY {port}$", timeout=15)
+    return proc, port
 
 
 def start_twowrite_pod(

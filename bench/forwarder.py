@@ -25,7 +25,7 @@ import io
 import socket
 import sys
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import unquote_to_bytes
 
 import falcon
@@ -42,6 +42,9 @@ HOP_BY_HOP_ENV = frozenset({"CONNECTION", "KEEP_ALIVE", "PROXY_CONNECTION", "TE"
 HOP_BY_HOP_RESPONSE = frozenset(
     {b"connection", b"keep-alive", b"proxy-connection", b"te", b"trailer", b"transfer-encoding", b"content-length"}
 )
+
+#: Header lines as the sink hands them to the upstream (names lower-case).
+Fields = list[tuple[str, str]]
 
 BAD_REQUEST = b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
 
@@ -60,6 +63,14 @@ class PodPool:
         self.address = address
         self.idle: list[PodConnection] = []
 
+    def forward(self, env: dict[str, Any], method: str, target: str, headers: Fields, body: bytes) -> Response:
+        """One request as HTTP/1.1 on a pooled connection; the pod's whole response."""
+        lines = [f"{method} {target} HTTP/1.1\r\n", *(f"{name}: {value}\r\n" for name, value in headers)]
+        if body:
+            lines.append(f"Content-Length: {len(body)}\r\n")
+        lines.append("\r\n")
+        return self.exchange("".join(lines).encode("latin-1") + body)
+
     def exchange(self, request: bytes) -> Response:
         conn = self.idle.pop() if self.idle else PodConnection(self.address)
         conn.sock.sendall(request)
@@ -74,22 +85,29 @@ class PodPool:
         return response
 
 
-def make_app(pool: PodPool) -> falcon.App:
-    """The application: every request goes to one sink, which forwards it to the pod."""
+class Upstream(Protocol):
+    """Where the sink sends a request: ``PodPool`` (HTTP/1.1), or ``bench.h2forwarder``'s h2c pod."""
+
+    def forward(self, env: dict[str, Any], method: str, target: str, headers: Fields, body: bytes) -> Response: ...
+
+
+def make_app(upstream: Upstream) -> falcon.App:
+    """The application: every request goes to one sink, which forwards it to the pod.
+
+    ``headers``: the request's end-to-end header lines (lower-case names; ``te`` left out,
+    the upstream decides about it from the environ), with the request's body."""
 
     def forward(req: falcon.Request, resp: falcon.Response, **_: str) -> None:
         env = req.env
-        lines = [f"{env['REQUEST_METHOD']} {env['RAW_URI']} HTTP/1.1\r\n"]
-        for key, value in env.items():
-            if key.startswith("HTTP_") and key[5:] not in HOP_BY_HOP_ENV:
-                lines.append(f"{key[5:].replace('_', '-').lower()}: {value}\r\n")
+        headers = [
+            (key[5:].replace("_", "-").lower(), value)
+            for key, value in env.items()
+            if key.startswith("HTTP_") and key[5:] not in HOP_BY_HOP_ENV
+        ]
         if "CONTENT_TYPE" in env:
-            lines.append(f"Content-Type: {env['CONTENT_TYPE']}\r\n")
+            headers.append(("content-type", env["CONTENT_TYPE"]))
         body = env["wsgi.input"].read()
-        if body:
-            lines.append(f"Content-Length: {len(body)}\r\n")
-        lines.append("\r\n")
-        response = pool.exchange("".join(lines).encode("latin-1") + body)
+        response = upstream.forward(env, env["REQUEST_METHOD"], env["RAW_URI"], headers, body)
         resp.status = response.status
         resp.set_headers(
             [
@@ -139,18 +157,13 @@ def environ(request: Request, client: tuple[str, int], port: int) -> dict[str, A
     return env
 
 
-def respond(app: falcon.App, env: dict[str, Any], keep_alive: bool) -> bytes:
-    """Call the application; its response as the bytes to send (head and body together)."""
-    head: list[bytes] = []
+def call_app(app: falcon.App, env: dict[str, Any]) -> tuple[str, list[tuple[str, str]], bytes]:
+    """Call the application: its status line's text, its header lines and its whole body."""
+    answer: list[Any] = []
     body: list[bytes] = []  # what the application writes through start_response's write(), then its iterable
 
     def start_response(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Callable[[bytes], None]:
-        lines = [f"HTTP/1.1 {status}\r\n"]
-        lines += [f"{name}: {value}\r\n" for name, value in headers]
-        if not keep_alive:
-            lines.append("Connection: close\r\n")
-        lines.append("\r\n")
-        head[:] = ["".join(lines).encode("latin-1")]
+        answer[:] = [status, headers]
         return body.append
 
     chunks: Iterable[bytes] = app(env, start_response)
@@ -160,7 +173,18 @@ def respond(app: falcon.App, env: dict[str, Any], keep_alive: bool) -> bytes:
         close = getattr(chunks, "close", None)
         if close is not None:
             close()
-    return head[0] + b"".join(body)
+    return answer[0], answer[1], b"".join(body)
+
+
+def respond(app: falcon.App, env: dict[str, Any], keep_alive: bool) -> bytes:
+    """Call the application; its response as the bytes to send (head and body together)."""
+    status, headers, body = call_app(app, env)
+    lines = [f"HTTP/1.1 {status}\r\n"]
+    lines += [f"{name}: {value}\r\n" for name, value in headers]
+    if not keep_alive:
+        lines.append("Connection: close\r\n")
+    lines.append("\r\n")
+    return "".join(lines).encode("latin-1") + body
 
 
 def serve(app: falcon.App, port: int) -> Callable[[socket.socket, tuple[str, int]], None]:

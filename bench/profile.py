@@ -16,12 +16,16 @@ import collections
 import re
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from . import common as c
 
+T = TypeVar("T")
 
-def _ensure_pyspy(ctx: c.Ctx) -> str | None:
+
+def ensure_pyspy(ctx: c.Ctx) -> str | None:
     if ctx.tools.get("py-spy"):
         return ctx.tools["py-spy"]
     if ctx.quick:
@@ -118,11 +122,48 @@ def groups(raw: Path) -> list[tuple[str, float]]:
     )
 
 
+def record(
+    ctx: c.Ctx, procs: c.Procs, spy: str, pid: int, seconds: float, load: Callable[[float], T], name: str = "py-spy"
+) -> tuple[Path, T] | None:
+    """``py-spy record -r 250 --nonblocking`` of process ``pid`` for ``seconds`` while
+    ``load(seconds + 1)`` runs; the raw collapsed stacks (``<scenario>/<name>.txt``) and
+    what ``load`` returned, or None (and a run note) when py-spy could not sample it.
+
+    Python frames only, --nonblocking: --native needs the blocking mode, which pauses the
+    process for every sample; tried here it cut throughput ~8x and counted the hub's
+    epoll_wait as busy, so the shares meant little."""
+    out = procs.dir / f"{name}.txt"
+    cmd = [spy, "record", "-r", "250", "-f", "raw", "-o", str(out), "-d", str(int(seconds)), "-p", str(pid)]
+    sampler = procs.start(name, [*cmd, "--nonblocking"])
+    time.sleep(0.5)
+    result = load(seconds + 1)
+    code = procs.finish(sampler, timeout=60)
+    if code == 0 and out.exists() and out.stat().st_size > 0:
+        return out, result
+    ctx.note(f"py-spy failed: {(sampler.stdout_text() + sampler.stderr_text()).strip()[-300:]}")
+    return None
+
+
+def shares_by(raw: Path, classify: Callable[[str], str]) -> list[tuple[str, float]]:
+    """Busy samples by what ``classify`` says of the running frame's file (shown relative
+    to the repository or site-packages), largest first, as % of the busy samples."""
+    counts: collections.Counter[str] = collections.Counter()
+    for line in raw.read_text(errors="replace").splitlines():
+        stack, _, n = line.rpartition(" ")
+        if not stack or not n.isdigit():
+            continue
+        path = _short(stack.split(";")[-1], False).rsplit("(", 1)[-1].rstrip(")")
+        counts[classify(path)] += int(n)
+    total = sum(counts.values())
+    return [(k, 100 * v / total) for k, v in counts.most_common()] if total else []
+
+
 def run(ctx: c.Ctx) -> str:
-    spy = _ensure_pyspy(ctx)
+    spy = ensure_pyspy(ctx)
     if spy is None:
         return "## Where the time goes\n\npy-spy not available: profile skipped.\n"
     seconds = ctx.dur(10, 2)
+    mode = "--nonblocking"
     with c.Procs(ctx, "profile") as procs:
         _, nginx = c.start_nginx(procs)
         act = c.start_activator(
@@ -131,39 +172,10 @@ def run(ctx: c.Ctx) -> str:
             {"web": {"hosts": ["*"], "cc": 100, "queue_depth": 1000, "pods": [f"127.0.0.1:{nginx}"]}},
         )
         c.run_wrk(ctx, act.port, 1)
-        out = procs.dir / "profile.txt"
-        result = None
-        mode = ""
-        # Python frames only, --nonblocking: --native needs the blocking mode, which pauses
-        # the process for every sample; tried here it cut throughput ~8x and counted the
-        # hub's epoll_wait as busy, so the shares meant little.
-        for native in (False,):
-            cmd = [
-                spy,
-                "record",
-                "-r",
-                "250",
-                "-f",
-                "raw",
-                "-o",
-                str(out),
-                "-d",
-                str(int(seconds)),
-                "-p",
-                str(act.pid),
-                "--nonblocking",
-            ]
-            sampler = procs.start("py-spy", cmd)
-            time.sleep(0.5)
-            w = c.run_wrk(ctx, act.port, seconds + 1, cpu_pids=[act.pid])
-            code = procs.finish(sampler, timeout=60)
-            text = sampler.stdout_text() + sampler.stderr_text()
-            if code == 0 and out.exists() and out.stat().st_size > 0:
-                result, mode = w, ("--native" if native else "--nonblocking")
-                break
-            ctx.note(f"py-spy {'--native ' if native else ''}failed: {text.strip()[-300:]}")
-        if result is None:
+        sampled = record(ctx, procs, spy, act.pid, seconds, lambda s: c.run_wrk(ctx, act.port, s, cpu_pids=[act.pid]))
+        if sampled is None:
             return "## Where the time goes\n\npy-spy could not sample the process: profile skipped.\n"
+        out, result = sampled
     total, self_t, incl, files = analyse(out)
     lines = [
         "## Where the time goes (py-spy)",

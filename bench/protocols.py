@@ -70,8 +70,9 @@ GRPC_MESSAGE = b"hello"  # the pod's methods take raw bytes (no protobuf)
 GRPC_HEADERS = ("content-type: application/grpc", "te: trailers")
 #: (a): h2load connections x streams per connection.
 GRPC_CONNS, GRPC_STREAMS = 10, 10
-#: (b): calls per second of the open-loop client.
+#: (b): calls per second of the open-loop client; the calls it makes first, one at a time.
 GRPC_RATE = 200
+WARM_CALLS = 20
 #: (c): message size and the pause between one echo and the next message.
 WS_BYTES, WS_INTERVAL = 16, 0.002
 #: (e): tunnels held; h2 connections x streams per connection held.
@@ -104,7 +105,7 @@ def _signed(x: float) -> str:
 # processes
 
 
-def _module_pod(procs: c.Procs, name: str, module: str, *args: str) -> tuple[harness.Process, int, int]:
+def module_pod(procs: c.Procs, name: str, module: str, *args: str) -> tuple[harness.Process, int, int]:
     """A pod of ``tests/pods`` (``python -m pods.MODULE``) on cpu0; (process, port, control port)."""
     tests = c.ROOT / "tests"
     proc = procs.start(
@@ -117,17 +118,20 @@ def _module_pod(procs: c.Procs, name: str, module: str, *args: str) -> tuple[har
     return proc, int(ready.group(1)), int(ready.group(2))
 
 
-def _pod_control(control: int, method: str, path: str) -> Any:
+def pod_control(control: int, method: str, path: str) -> Any:
     return harness.json_request(f"{c.LOCALHOST}:{control}", method, path)
 
 
-def _activator(procs: c.Procs, name: str, pod: str, *, cc: int, h2c: bool = False) -> c.Activator:
+def start_activator_over(
+    procs: c.Procs, name: str, pod: str, *, cc: int, h2c: bool = False, **service_keys: Any
+) -> c.Activator:
     """activator (this tree) with one service over one pod, every host; ``protocol: h2c`` to the
-    pod when ``h2c`` (``common.start_activator`` without the protocol key, which its config
-    builder does not know)."""
+    pod when ``h2c``, and any other keys of the service as given (``common.start_activator``
+    without the keys its config builder does not know: ``protocol``, ``client_gone``)."""
     config = c.activator_config({"svc": {"hosts": ["*"], "cc": cc, "queue_depth": 10000, "pods": [pod]}})
     if h2c:
         config["services"]["svc"]["protocol"] = "h2c"
+    config["services"]["svc"].update(service_keys)
     build = c.this_tree()
     act = c.Activator(
         config,
@@ -145,7 +149,7 @@ def _activator(procs: c.Procs, name: str, pod: str, *, cc: int, h2c: bool = Fals
     return act
 
 
-def _haproxy(
+def start_haproxy_h2(
     procs: c.Procs, name: str, pod: str, *, frontends: dict[str, bool], pod_h2: bool, maxconn: int = 5000
 ) -> tuple[harness.Process, dict[str, int]]:
     """HAProxy (``nbthread 1``) with one backend, one server (``proto h2`` when ``pod_h2``,
@@ -197,15 +201,18 @@ def _rss_kib(pid: int) -> int:
     return total
 
 
-def _client_cmd(ctx: c.Ctx, args: list[str], rt: bool = False) -> list[str]:
-    """This module's own clients (see :func:`main`), on cpu0."""
-    return [*c.rt_prefix(ctx, rt), *c.pin(ctx, "load"), c.PYTHON, "-m", "bench.protocols", *args]
+def client_cmd(ctx: c.Ctx, args: list[str], rt: bool = False, module: str = "bench.protocols") -> list[str]:
+    """A bench module's own clients (this one's: see :func:`main`), on cpu0."""
+    return [*c.rt_prefix(ctx, rt), *c.pin(ctx, "load"), c.PYTHON, "-m", module, *args]
 
 
-def _run_client(ctx: c.Ctx, args: list[str], timeout: float, rt: bool = False) -> dict[str, Any]:
+def run_client(
+    ctx: c.Ctx, args: list[str], timeout: float, rt: bool = False, module: str = "bench.protocols"
+) -> dict[str, Any]:
+    """Run one client to its end; what it wrote to its ``--out`` file (JSON)."""
     out = ctx.work / f"protocols-{time.monotonic_ns()}.json"
     r = subprocess.run(
-        _client_cmd(ctx, [*args, "--out", str(out)], rt),
+        client_cmd(ctx, [*args, "--out", str(out)], rt, module),
         capture_output=True,
         text=True,
         check=False,
@@ -282,13 +289,13 @@ def run_h2load(
     return res
 
 
-def _grpc_body(path: Path) -> Path:
+def grpc_body(path: Path) -> Path:
     """The request body h2load sends: one gRPC message (flag 0, 4-byte big-endian length, bytes)."""
     path.write_bytes(b"\x00" + struct.pack(">I", len(GRPC_MESSAGE)) + GRPC_MESSAGE)
     return path
 
 
-def _grpc_h2load_args(body: Path) -> list[str]:
+def grpc_h2load_args(body: Path) -> list[str]:
     return ["-d", str(body), *(x for h in GRPC_HEADERS for x in ("-H", h))]
 
 
@@ -318,26 +325,26 @@ def run(ctx: c.Ctx) -> Section:
     mem_rows: list[list[Any]] = []
     with c.Procs(ctx, "protocols") as procs:
         if have_grpc:
-            body = _grpc_body(procs.dir / "unary.grpc")
-            grpc_pod, grpc_port, grpc_control = _module_pod(procs, "grpc-pod", "grpc_pod")
-            act = _activator(procs, "activator-grpc", f"127.0.0.1:{grpc_port}", cc=1000, h2c=True)
+            body = grpc_body(procs.dir / "unary.grpc")
+            grpc_pod, grpc_port, grpc_control = module_pod(procs, "grpc-pod", "grpc_pod")
+            act = start_activator_over(procs, "activator-grpc", f"127.0.0.1:{grpc_port}", cc=1000, h2c=True)
             targets: list[Endpoint] = [(DIRECT, grpc_port, grpc_pod), (ACTIVATOR, act.port, act.process)]
             if have_haproxy:
-                hap, ports = _haproxy(
+                hap, ports = start_haproxy_h2(
                     procs, "haproxy-grpc", f"127.0.0.1:{grpc_port}", frontends={"fe": True}, pod_h2=True
                 )
                 targets.append((HAPROXY, ports["fe"], hap))
             if have_h2load:
                 _grpc_saturation(ctx, sec, targets, grpc_pod, grpc_control, body)
-            _grpc_latency(ctx, sec, targets)
+            grpc_latency(ctx, sec, targets)
             for _, _, proc in reversed(targets):
                 procs.stop(proc)
         if have_ws:
-            ws_pod, ws_port, _ = _module_pod(procs, "ws-pod", "ws_echo")
-            act = _activator(procs, "activator-ws", f"127.0.0.1:{ws_port}", cc=1000)
+            ws_pod, ws_port, _ = module_pod(procs, "ws-pod", "ws_echo")
+            act = start_activator_over(procs, "activator-ws", f"127.0.0.1:{ws_port}", cc=1000)
             ws_targets: list[Endpoint] = [(DIRECT, ws_port, ws_pod), (ACTIVATOR, act.port, act.process)]
             if have_haproxy:
-                hap, ports = _haproxy(
+                hap, ports = start_haproxy_h2(
                     procs, "haproxy-ws", f"127.0.0.1:{ws_port}", frontends={"fe": False}, pod_h2=False
                 )
                 ws_targets.append((HAPROXY, ports["fe"], hap))
@@ -411,7 +418,7 @@ def _grpc_saturation(
     body: Path,
 ) -> None:
     seconds, rounds = ctx.dur(5, 1), ctx.n(3, 1)
-    args = _grpc_h2load_args(body)
+    args = grpc_h2load_args(body)
     load = ["-c", str(GRPC_CONNS), "-m", str(GRPC_STREAMS)]
     if not ctx.quick:  # warm-up: connections open, code paths hot
         for _name, port, _proc in targets:
@@ -425,7 +432,7 @@ def _grpc_saturation(
                 f"protocols (a) gRPC unary, h2load -c{GRPC_CONNS} -m{GRPC_STREAMS} {seconds:g}s, {name}, "
                 f"round {r + 1}/{rounds}"
             )
-            _pod_control(control, "POST", "/_reset")
+            pod_control(control, "POST", "/_reset")
             pids = {"pod": pod.pid} | ({"proxy": proc.pid} if proc is not pod else {})
             res = run_h2load(
                 ctx,
@@ -434,7 +441,7 @@ def _grpc_saturation(
                 seconds,
                 pids,
             )
-            res["pod_calls"] = _pod_control(control, "GET", "/_stats")["per"].get("Unary", 0)
+            res["pod_calls"] = pod_control(control, "GET", "/_stats")["per"].get("Unary", 0)
             if proc.is_running():
                 results.setdefault(name, []).append(res)
 
@@ -497,7 +504,10 @@ def _grpc_saturation(
 # -- (b) gRPC latency ----------------------------------------------------------------------
 
 
-def _grpc_latency(ctx: c.Ctx, sec: Section, targets: list[Endpoint]) -> None:
+def grpc_latency(ctx: c.Ctx, sec: Section, targets: list[Endpoint]) -> dict[str, dict[str, float]]:
+    """(b) for these targets (the first one named ``DIRECT``): its table and headline in ``sec``;
+    per target, the added p50 and p99 (ms, nan for direct) and the CPU of its process per
+    call answered OK at this rate (``cpu_us``)."""
     seconds, warmup, rounds = ctx.dur(5, 1), ctx.dur(1, 0.5), ctx.n(3, 1)
     runs: dict[str, list[dict[str, Any]]] = {}
     with c.realtime(ctx, [proc.pid for _, _, proc in targets]):
@@ -506,7 +516,8 @@ def _grpc_latency(ctx: c.Ctx, sec: Section, targets: list[Endpoint]) -> None:
                 if not proc.is_running():
                     continue
                 c.log(f"protocols (b) gRPC open loop {GRPC_RATE} calls/s, {name}, round {r + 1}/{rounds}")
-                res = _run_client(
+                cpu0 = c.cpu_seconds([proc.pid])
+                res = run_client(
                     ctx,
                     ["grpc-open", "--port", str(port), "--rate", str(GRPC_RATE), "--duration", str(seconds + warmup)],
                     timeout=seconds + warmup + 60,
@@ -519,7 +530,11 @@ def _grpc_latency(ctx: c.Ctx, sec: Section, targets: list[Endpoint]) -> None:
                     if s >= t0 and ok
                 ]
                 failed = sum(1 for s, ok in zip(res["sched"], res["ok"], strict=True) if s >= t0 and not ok)
-                runs.setdefault(name, []).append({"lat": lat, "failed": failed, "late": res["late"]})
+                # the client's whole run (its warm-up calls and channel set-up included) / its OK calls
+                cpu_us = (c.cpu_seconds([proc.pid]) - cpu0) / max(1, sum(res["ok"]) + WARM_CALLS) * 1e6
+                runs.setdefault(name, []).append({"lat": lat, "failed": failed, "late": res["late"], "cpu_us": cpu_us})
+                for why, count in res["failures"].items():
+                    sec.notes.append(f"(b) {name}, round {r + 1}: {count} call(s) ended {why}")
     direct = runs.get(DIRECT, [])
     added = {
         name: (c.added_ms(rs, direct, 50), c.added_ms(rs, direct, 99))
@@ -539,6 +554,7 @@ def _grpc_latency(ctx: c.Ctx, sec: Section, targets: list[Endpoint]) -> None:
                 _ms3(max((max(x["lat"], default=float("nan")) for x in rs), default=float("nan"))),
                 "-" if name == DIRECT else _signed(a50),
                 "-" if name == DIRECT else _signed(a99),
+                c.median([x["cpu_us"] for x in rs]),
                 sum(x["failed"] for x in rs),
                 sum(x["late"] for x in rs),
             ]
@@ -557,6 +573,7 @@ def _grpc_latency(ctx: c.Ctx, sec: Section, targets: list[Endpoint]) -> None:
                 "max",
                 "added p50",
                 "added p99",
+                "CPU us/call (its process)",
                 "failed (not OK)",
                 "sent > 1 ms late",
             ],
@@ -569,6 +586,15 @@ def _grpc_latency(ctx: c.Ctx, sec: Section, targets: list[Endpoint]) -> None:
         f"gRPC added latency at {GRPC_RATE} calls/s: activator p50 {_signed(a50)} ms, p99 {_signed(a99)} ms "
         f"(HAProxy p50 {_signed(h50)} ms, p99 {_signed(h99)} ms)"
     )
+    nan = float("nan")
+    return {
+        name: {
+            "a50": added.get(name, (nan, nan))[0],
+            "a99": added.get(name, (nan, nan))[1],
+            "cpu_us": c.median([x["cpu_us"] for x in rs]),
+        }
+        for name, rs in runs.items()
+    }
 
 
 # -- (c) WebSocket -------------------------------------------------------------------------
@@ -583,7 +609,7 @@ def _websocket(ctx: c.Ctx, sec: Section, targets: list[Endpoint]) -> None:
                 if not proc.is_running():
                     continue
                 c.log(f"protocols (c) WebSocket echo, {messages} messages, {name}, round {r + 1}/{rounds}")
-                res = _run_client(
+                res = run_client(
                     ctx,
                     ["ws-echo", "--port", str(port), "--messages", str(messages)],
                     timeout=messages * 0.1 + 60,
@@ -696,7 +722,7 @@ def _h2c_vs_h1(ctx: c.Ctx, procs: c.Procs, sec: Section, have_haproxy: bool) -> 
         sec.notes.append("(d) left out: nginx not available")
         return
     nginx_proc, nginx = _nginx_counted(procs, "nginx")
-    act = _activator(procs, "activator-web", f"127.0.0.1:{nginx}", cc=1000)
+    act = start_activator_over(procs, "activator-web", f"127.0.0.1:{nginx}", cc=1000)
     # (proxy, load, port, process): activator takes both protocols on one port
     runs: list[tuple[str, str, int, harness.Process]] = [
         (ACTIVATOR, H1_LOAD, act.port, act.process),
@@ -704,7 +730,7 @@ def _h2c_vs_h1(ctx: c.Ctx, procs: c.Procs, sec: Section, have_haproxy: bool) -> 
     ]
     hap: harness.Process | None = None
     if have_haproxy:
-        hap, ports = _haproxy(
+        hap, ports = start_haproxy_h2(
             procs, "haproxy-web", f"127.0.0.1:{nginx}", frontends={"fe_h2": True, "fe_h1": False}, pod_h2=False
         )
         runs += [(HAPROXY, H1_LOAD, ports["fe_h1"], hap), (HAPROXY, "h2load -c50 -m10", ports["fe_h2"], hap)]
@@ -797,7 +823,7 @@ def _h2c_vs_h1(ctx: c.Ctx, procs: c.Procs, sec: Section, have_haproxy: bool) -> 
     sec.notes.append(
         "(d) `h2load -c50 -m10` keeps 500 requests in flight (`wrk -c50` and `h2load -c50 -m1`: 50). activator "
         "speaks HTTP/1.1 to the pod, one connection per request in flight, and keeps at most 64 idle connections "
-        "per pod (`UpstreamPool(max_idle=64)`, `activator/pods.py`): with more requests than that in flight to "
+        "per pod (`UpstreamPool(max_idle=64)`, `activator/pods/clients.py`): with more requests than that in flight to "
         "one pod, the connections above 64 are closed after their response and new ones opened, which the 'pod "
         "connections opened' column counts. The -m1 row is the protocol's own cost at the same concurrency."
     )
@@ -816,9 +842,9 @@ def _service_status(act: c.Activator) -> dict[str, Any]:
 
 
 def _tunnel_memory(ctx: c.Ctx, procs: c.Procs, sec: Section, ws_port: int) -> list[Any]:
-    act = _activator(procs, "activator-tunnels", f"127.0.0.1:{ws_port}", cc=TUNNELS * 2)
+    act = start_activator_over(procs, "activator-tunnels", f"127.0.0.1:{ws_port}", cc=TUNNELS * 2)
     # warm-up: a few tunnels opened, used and closed
-    warm = procs.start("ws-warm", _client_cmd(ctx, ["ws-hold", "--port", str(act.port), "--connections", "20"]))
+    warm = procs.start("ws-warm", client_cmd(ctx, ["ws-hold", "--port", str(act.port), "--connections", "20"]))
     warm.wait_output(r"^HELD", timeout=60)
     procs.stop(warm)
     act.wait_idle()
@@ -827,7 +853,7 @@ def _tunnel_memory(ctx: c.Ctx, procs: c.Procs, sec: Section, ws_port: int) -> li
     c.log(f"protocols (e) opening {TUNNELS} WebSocket tunnels through activator")
     t0 = time.monotonic()
     holder = procs.start(
-        "ws-hold", _client_cmd(ctx, ["ws-hold", "--port", str(act.port), "--connections", str(TUNNELS)])
+        "ws-hold", client_cmd(ctx, ["ws-hold", "--port", str(act.port), "--connections", str(TUNNELS)])
     )
     m = holder.wait_output(r"^HELD (\d+) (\d+)$", timeout=120)
     opened, failed = int(m.group(1)), int(m.group(2))
@@ -861,9 +887,9 @@ def _stream_memory(ctx: c.Ctx, procs: c.Procs, sec: Section) -> list[Any]:
     h2load = h2load_path()
     assert h2load is not None
     total = HOLD_CONNS * HOLD_STREAMS
-    pod = procs.start("h2-hold-pod", _client_cmd(ctx, ["h2-hold-pod", "--max-streams", str(HOLD_POD_STREAMS)]))
+    pod = procs.start("h2-hold-pod", client_cmd(ctx, ["h2-hold-pod", "--max-streams", str(HOLD_POD_STREAMS)]))
     pod_port = int(pod.wait_output(r"^READY (\d+)$", timeout=30).group(1))
-    act = _activator(procs, "activator-streams", f"127.0.0.1:{pod_port}", cc=total * 2, h2c=True)
+    act = start_activator_over(procs, "activator-streams", f"127.0.0.1:{pod_port}", cc=total * 2, h2c=True)
 
     def hold(name: str, conns: int, streams: int) -> harness.Process:
         return procs.start(
@@ -983,7 +1009,7 @@ def _grpc_open(args: argparse.Namespace) -> dict[str, Any]:
     )
     unary = channel.unary_unary(GRPC_METHOD)
     grpc.channel_ready_future(channel).result(timeout=10)
-    for _ in range(20):
+    for _ in range(WARM_CALLS):
         unary(GRPC_MESSAGE, timeout=10)
     n = max(1, int(args.rate * args.duration))
     interval = 1.0 / args.rate
@@ -993,10 +1019,15 @@ def _grpc_open(args: argparse.Namespace) -> dict[str, Any]:
     lock = threading.Lock()
     finished = threading.Event()
 
+    failures: dict[str, int] = {}  # "CODE: details" of the calls that did not end OK
+
     def callback(i: int, fut: Any) -> None:
         done[i] = time.perf_counter()
-        ok[i] = fut.code() == grpc.StatusCode.OK
+        code = fut.code()
+        ok[i] = code == grpc.StatusCode.OK
         with lock:
+            if not ok[i]:
+                failures[f"{code.name}: {fut.details()}"] = failures.get(f"{code.name}: {fut.details()}", 0) + 1
             left[0] -= 1
             if not left[0]:
                 finished.set()
@@ -1016,7 +1047,7 @@ def _grpc_open(args: argparse.Namespace) -> dict[str, Any]:
         futures.append(fut)
     finished.wait(60)
     channel.close()
-    return {"start": start, "sched": sched, "done": done, "ok": ok, "late": late}
+    return {"start": start, "sched": sched, "done": done, "ok": ok, "late": late, "failures": failures}
 
 
 async def _ws_echo(args: argparse.Namespace) -> dict[str, Any]:

@@ -53,7 +53,7 @@ from hyperframe.frame import Frame, GoAwayFrame
 
 from activator.core.config import Http2Limits, LimitsConfig
 from activator.core.heads import Header
-from activator.http2 import H2Exchange, H2ServerConnection
+from activator.front.http2 import H2Exchange, H2ServerConnection
 
 #: Seconds a test waits for something that should happen at once (only to turn a hang into a failure).
 BOUND = 5.0

@@ -20,9 +20,9 @@ from activator.core.failures import FailureKind
 from activator.core.probes import ProbeOutcome, Verdict
 from activator.core.states import PodEvent, PodState
 from activator.core.throttler import Grant, ServiceThrottler, Transition
-from activator.logs import NOTICE
-from activator.observe import UNPROBED_FAILURES, FailureStreaks, Observer, refusal_record, transition_level
-from activator.prober import within_timeout
+from activator.ops.logs import NOTICE
+from activator.ops.observe import UNPROBED_FAILURES, FailureStreaks, Observer, refusal_record, transition_level
+from activator.pods.prober import within_timeout
 
 A, B = "10.0.0.1:8000", "10.0.0.2:8000"
 P, H, D, R = PodState.PENDING, PodState.HEALTHY, PodState.DRAINING, PodState.REMOVED

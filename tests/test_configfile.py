@@ -13,9 +13,9 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from activator.configfile import load_config, parse_config_text
 from activator.core.config import Address, Config, PodConfig, ProbeConfig, describe_config
 from activator.core.errors import ConfigError
+from activator.process.configfile import load_config, parse_config_text
 
 REPO = Path(__file__).resolve().parent.parent
 

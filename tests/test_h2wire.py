@@ -1,4 +1,4 @@
-"""The HTTP/2 driver's frame scanner (``activator.h2wire.FrameScanner``), on every split of its input.
+"""The HTTP/2 driver's frame scanner (``activator.base.h2wire.FrameScanner``), on every split of its input.
 
 The scanner walks the frame headers of what a peer sends, before ``h2`` sees it: what it
 passes on must be exactly the frames that came, in order, but the GOAWAY frames it takes
@@ -27,7 +27,7 @@ from hyperframe.frame import (
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from activator.h2wire import (
+from activator.base.h2wire import (
     BATCH_FRAMES,
     CLIENT_PREFACE,
     COUNT_CONTINUATIONS,

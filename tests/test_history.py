@@ -1,4 +1,4 @@
-"""The history (``activator.history``): counters per request, one point a second, merges.
+"""The history (``activator.ops.history``): counters per request, one point a second, merges.
 
 In-process and deterministic: real core throttlers (``probe: null`` pods are healthy at
 once), real ``RequestRecord`` values, and the second of each point given explicitly.
@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from activator.core.failures import FailureKind
 from activator.core.status import merge_worker_statuses
 from activator.core.throttler import Grant, ServiceThrottler
-from activator.history import (
+from activator.ops.history import (
     BOUNDS,
     BUCKETS,
     CLASSES,
@@ -35,7 +35,7 @@ from activator.history import (
     pod_ring_bytes,
     service_ring_bytes,
 )
-from activator.observe import RequestRecord
+from activator.ops.observe import RequestRecord
 
 A, B = "10.0.0.1:8000", "10.0.0.2:8000"
 

@@ -1,4 +1,4 @@
-"""The HTTP/2 server side (``activator.http2``) against real clients on 127.0.0.1.
+"""The HTTP/2 server side (``activator.front.http2``) against real clients on 127.0.0.1.
 
 What is tested: the request head as the proxy sees it (``ClientExchange``), bodies of
 known and unknown length, concurrent streams each in its own greenlet (a blocked one
@@ -52,8 +52,8 @@ from activator.core.errors import (
     UpstreamTimeout,
 )
 from activator.core.heads import BodyFraming, Header, RequestHead
-from activator.engine import HttpServer
-from activator.http2 import STREAM_WINDOW, H2Exchange, H2ServerConnection
+from activator.front.engine import HttpServer
+from activator.front.http2 import STREAM_WINDOW, H2Exchange, H2ServerConnection
 
 #: Seconds after which a whole test counts as hung (each takes well under one, or two with a linger).
 TEST_BOUND = 20.0

@@ -36,8 +36,8 @@ from activator.core.failures import FailureKind
 from activator.core.states import PodEvent, PodState
 from activator.core.throttler import Effects, Grant, Transition
 from activator.core.topology import Topology
-from activator.metrics import MAX_DATAGRAM, StatsdMetrics, make_metrics, pod_id, split_into_datagrams
-from activator.observe import MetricsSink, NoMetrics, RequestRecord
+from activator.ops.metrics import MAX_DATAGRAM, StatsdMetrics, make_metrics, pod_id, split_into_datagrams
+from activator.ops.observe import MetricsSink, NoMetrics, RequestRecord
 
 POD_A = "127.0.0.1:8001"
 POD_B = "127.0.0.1:8002"
@@ -565,7 +565,7 @@ import socket, sys, time
 import gevent
 from activator.core.config import Address, Config, StatsdConfig
 from activator.core.topology import Topology
-from activator.metrics import StatsdMetrics
+from activator.ops.metrics import StatsdMetrics
 
 rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 rx.bind(("127.0.0.1", 0))

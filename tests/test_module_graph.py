@@ -1,5 +1,6 @@
-"""The shape of the code: activator's modules import each other without a cycle, the
-core imports nothing of the shell, and no module reaches into a library's private names.
+"""The shape of the code: activator's modules import each other without a cycle, each
+package imports only the packages below it (``LAYERS``), the core imports nothing of the
+shell, and no module reaches into a library's private names.
 
 The import graph is read from the source (``ast``), so a late import inside a function
 counts as much as one at the top: a cycle hidden in a function is still a cycle.
@@ -44,12 +45,35 @@ def graph() -> dict[str, set[str]]:
     edges: dict[str, set[str]] = {name: set() for name in modules}
     for name, path in modules.items():
         for target, names in imports_of(path):
-            candidates = [f"{target}.{n}" for n in names] + [target]
-            for candidate in candidates:
-                if candidate in modules and candidate != name:
-                    edges[name].add(candidate)
-                    break
+            # ``from . import a, b`` imports the modules a and b; ``from .a import x, y``
+            # imports the module a (x and y are its names).
+            submodules = {f"{target}.{n}" for n in names} & modules.keys()
+            found_modules = submodules or ({target} & modules.keys())
+            edges[name] |= found_modules - {name}
     return edges
+
+
+#: The packages from the bottom up: each may import only those before it (and itself).
+#: ``front``, ``pods`` and ``ops`` stand side by side: none of them imports another.
+LAYERS: tuple[frozenset[str], ...] = (
+    frozenset({"core", ""}),  # and the package's own __init__: its version, nothing else
+    frozenset({"base"}),
+    frozenset({"front", "pods", "ops"}),
+    frozenset({"fleet"}),
+    frozenset({"proxy"}),
+    frozenset({"process"}),
+    frozenset({"cli", "__main__"}),  # the command line
+)
+
+
+def package_of(module: str) -> str:
+    """``activator.front.http1`` -> ``front``; ``activator.cli`` -> ``cli``; ``activator`` -> ``""``."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def layer_of(package: str) -> int:
+    return next(index for index, layer in enumerate(LAYERS) if package in layer)
 
 
 def find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
@@ -87,6 +111,45 @@ def test_the_cycle_finder_finds_a_cycle() -> None:
 def test_activator_has_no_import_cycle() -> None:
     cycle = find_cycle(graph())
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def test_the_graph_reads_every_module_of_one_import() -> None:
+    edges = graph()
+    # proxy/responder.py: ``from .tunnel import Tunnel`` and base modules by name
+    assert {"activator.proxy.tunnel", "activator.base.gate"} <= edges["activator.proxy.responder"]
+
+
+def test_every_module_lives_in_a_known_package() -> None:
+    unknown = sorted(name for name in graph() if not any(package_of(name) in layer for layer in LAYERS))
+    assert not unknown, f"modules outside the layers of LAYERS: {unknown}"
+
+
+def layer_violations(edges: dict[str, set[str]]) -> list[str]:
+    """The imports of ``edges`` that go up a layer or sideways into another package."""
+    wrong = []
+    for name, targets in edges.items():
+        own = layer_of(package_of(name))
+        for target in targets:
+            theirs = layer_of(package_of(target))
+            sideways = theirs == own and package_of(target) != package_of(name) and own != len(LAYERS) - 1
+            if theirs > own or sideways:
+                wrong.append(f"{name} -> {target}")
+    return sorted(wrong)
+
+
+def test_each_package_imports_only_the_layers_below_it() -> None:
+    wrong = layer_violations(graph())
+    assert not wrong, "imports against the layers: " + ", ".join(wrong)
+
+
+def test_the_layer_rule_catches_upward_and_sideways_imports() -> None:
+    assert layer_violations({"activator.base.gate": {"activator.proxy.responder"}}) == [
+        "activator.base.gate -> activator.proxy.responder"
+    ]
+    assert layer_violations({"activator.front.http1": {"activator.pods.http1"}}) == [
+        "activator.front.http1 -> activator.pods.http1"
+    ]
+    assert layer_violations({"activator.proxy.responder": {"activator.base.gate", "activator.core.http"}}) == []
 
 
 def test_the_core_imports_only_the_core() -> None:

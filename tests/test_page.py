@@ -22,8 +22,8 @@ import pytest
 from builders import svc
 from prometheus_client.parser import text_string_to_metric_families
 
-from activator.history import REFUSED_BEFORE_ROUTING, SERVICE_REASONS, History
-from activator.logs import (
+from activator.ops.history import REFUSED_BEFORE_ROUTING, SERVICE_REASONS, History
+from activator.ops.logs import (
     NOTICE,
     JournalFormatter,
     LineFormatter,
@@ -32,9 +32,9 @@ from activator.logs import (
     setup_logging,
     stream_is_journal,
 )
-from activator.observe import RequestRecord
-from activator.page import CSV_COLUMNS, POD_TABLE, VISIBLE_PODS, render_page, status_csv, trouble_key
-from activator.prometheus import CONTENT_TYPE, render
+from activator.ops.observe import RequestRecord
+from activator.ops.page import CSV_COLUMNS, POD_TABLE, VISIBLE_PODS, render_page, status_csv, trouble_key
+from activator.ops.prometheus import CONTENT_TYPE, render
 
 STATES = ("healthy", "pending", "draining", "removed")
 
@@ -468,7 +468,7 @@ def test_an_unexpected_error_in_a_greenlet_is_logged_once_with_its_traceback(res
 
 
 def test_a_fatal_line_gets_its_priority_under_the_journal(monkeypatch: Any) -> None:
-    from activator.logs import fatal
+    from activator.ops.logs import fatal
 
     with tempfile.NamedTemporaryFile("w+") as f:
         stat = os.fstat(f.fileno())
@@ -478,3 +478,29 @@ def test_a_fatal_line_gets_its_priority_under_the_journal(monkeypatch: Any) -> N
         fatal("activator: plain", f)
         f.seek(0)
         assert f.read() == "<3>activator: a.yaml:1: listen: bad\nactivator: plain\n"
+
+
+def test_classes_and_tenants_show_on_the_page_in_status_and_in_metrics() -> None:
+    from activator.cli import format_status
+
+    status = synthetic_status(1)
+    service = status["services"]["api"]
+    service["classes"] = {
+        "critical": {"queued": 1, "oldest_wait_seconds": 0.5, "shed": 0},
+        "sheddable": {"queued": 7, "oldest_wait_seconds": 12.0, "shed": 3},
+    }
+    service["tenants"] = 2
+    service["top_tenants"] = [{"tenant": "<key-a>", "queued": 6}, {"tenant": "", "queued": 2}]
+    page = render_page(status)
+    assert "sheddable: queued 7, oldest 12" in page and "shed 3" in page
+    assert "most queued: &lt;key-a&gt; 6, (none) 2" in page  # a tenant key is client input: escaped
+    text = format_status(status)
+    assert "sheddable queued=7" in text and "shed=3" in text and "most queued: <key-a>=6, (none)=2" in text
+    scraped = {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(render(status).decode())
+        for sample in family.samples
+    }
+    assert scraped[("activator_class_queued", (("class", "sheddable"), ("service", "api")))] == 7
+    assert scraped[("activator_class_shed_total", (("class", "sheddable"), ("service", "api")))] == 3
+    assert scraped[("activator_tenants", (("service", "api"),))] == 2

@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 from test_page import synthetic_history, synthetic_status
 
-from activator.page import render_page
+from activator.ops.page import render_page
 
 pytestmark = pytest.mark.skipif(
     shutil.which("chromium") is None, reason="chromium is not installed (apt-get install chromium)"

@@ -15,12 +15,12 @@ import gevent.socket
 import pytest
 from gevent.event import Event
 
+from activator.base.writer import Actor
 from activator.core.config import parse_config
 from activator.core.slotexchange import LedgerEffects
 from activator.core.throttler import Effects, Grant
 from activator.core.topology import Topology
-from activator.sharing import ExchangeHub, SlotSharing
-from activator.writer import Actor
+from activator.fleet.sharing import ExchangeHub, SlotSharing
 
 POD = "127.0.0.1:9"  # never connected to: slots only
 

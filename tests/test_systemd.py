@@ -1,4 +1,4 @@
-"""sd_notify (activator.systemd) against a real socket, and the unit file against systemd.
+"""sd_notify (activator.process.systemd) against a real socket, and the unit file against systemd.
 
 The Notifier tests receive on a real AF_UNIX datagram socket, as systemd does. The unit
 tests run ``systemd-analyze`` offline (PID 1 need not be systemd); .ci/run installs it.
@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from activator import systemd
-from activator.systemd import Notifier, StatusLine, run_watchdog, watchdog_interval
+from activator.process import systemd
+from activator.process.systemd import Notifier, StatusLine, run_watchdog, watchdog_interval
 
 ROOT = Path(__file__).resolve().parent.parent
 UNIT = ROOT / "systemd" / "activator.service"

@@ -1,4 +1,4 @@
-"""The pod-side HTTP/1.1 client (``activator.upstream``) against real sockets on 127.0.0.1.
+"""The pod-side HTTP/1.1 client (``activator.pods.http1``) against real sockets on 127.0.0.1.
 
 What is tested: pooling (LIFO, ``max_idle``, close), the reuse rules, the retry rule for
 stale kept-alive connections, streaming both ways without buffering, uploads with
@@ -43,6 +43,7 @@ from upstream_backend import (
     reset,
 )
 
+from activator.base.exchange import InterimCallback, PodRequest
 from activator.core.errors import (
     ClientBodyError,
     ClientGone,
@@ -57,13 +58,7 @@ from activator.core.errors import (
 from activator.core.failures import CONNECT_RETRIES, FailureKind, may_retry_elsewhere
 from activator.core.heads import BodyFraming, Header
 from activator.core.timeouts import Timeouts
-from activator.exchange import InterimCallback, PodRequest
-from activator.upstream import (
-    BLOCK_SIZE,
-    MAX_POD_FIELD_BYTES,
-    PodConnection,
-    UpstreamPool,
-)
+from activator.pods.http1 import BLOCK_SIZE, MAX_POD_FIELD_BYTES, PodConnection, UpstreamPool
 
 MiB = 1024 * 1024
 #: Generous: no test here expects a connect or a response head to take long.

@@ -1,4 +1,4 @@
-"""The h2c pod client (``activator.upstream_h2``) against real HTTP/2 peers on 127.0.0.1.
+"""The h2c pod client (``activator.pods.h2c``) against real HTTP/2 peers on 127.0.0.1.
 
 What is tested: the request as the pod receives it (pseudo-headers, lower-cased names,
 no connection-specific fields, ``te: trailers``, the body with its length or trailers),
@@ -41,7 +41,8 @@ from h2_helpers import eventually
 from h2_pod import H2Pod, PodRequest
 from upstream_backend import RawBackend, pattern
 
-from activator import exchange
+from activator.base import exchange
+from activator.base.exchange import InterimCallback
 from activator.core.errors import (
     ClientGone,
     UpstreamBadResponse,
@@ -54,8 +55,7 @@ from activator.core.errors import (
 from activator.core.failures import CONNECT_RETRIES, may_retry_elsewhere
 from activator.core.heads import BodyFraming, Header
 from activator.core.timeouts import Timeouts
-from activator.exchange import InterimCallback
-from activator.upstream_h2 import CONNECTION_ATTEMPTS, H2PodPool, H2PodStream
+from activator.pods.h2c import CONNECTION_ATTEMPTS, H2PodPool, H2PodStream
 
 MiB = 1024 * 1024
 #: Generous: no test here expects a connect or a response head to take long.

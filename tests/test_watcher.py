@@ -1,4 +1,4 @@
-"""activator.watcher.FileWatcher: a change of the file's content is reported once.
+"""activator.process.watcher.FileWatcher: a change of the file's content is reported once.
 
 Real files in ``tmp_path``; ``check`` is called directly (one poll), so nothing waits.
 """
@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from activator.watcher import FileWatcher
+from activator.process.watcher import FileWatcher
 
 
 def watcher_of(path: Path) -> tuple[FileWatcher, list[str]]:

@@ -3,7 +3,7 @@
 This module decides what a valid configuration is. ``parse_config`` takes plain data
 (dicts, lists, scalars, as a YAML parser returns them) plus a way to find the line of
 each key, and returns a frozen ``Config`` or raises ``ConfigError`` naming file, line
-and key. It never reads files itself (``activator.configfile`` does).
+and key. It never reads files itself (``activator.process.configfile`` does).
 
 Rules: unknown keys are errors at every level; integers are ints (not bools or floats);
 durations are seconds or strings with a unit (``250ms``, ``30s``, ``5m``, ``1h``);
@@ -30,8 +30,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import Field, dataclass, field, fields, is_dataclass
 from typing import Any, TypeVar
 
-from activator.core.errors import ConfigError
-from activator.core.h2budgets import H2Budgets
+from .errors import ConfigError
+from .h2budgets import H2Budgets
 
 LB_POLICIES = ("auto", "first-available", "round-robin", "least-in-flight")
 _OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
@@ -66,6 +66,52 @@ class PodConfig:
     drain: bool = False
 
 
+#: The most priority classes a service may have (RFC 9218 has eight urgencies).
+MAX_CLASSES = 8
+#: The urgency a request without a ``Priority`` header has (RFC 9218 4.1).
+DEFAULT_URGENCY = 3
+
+
+def class_of_urgency(urgency: int, classes: int) -> int:
+    """RFC 9218 urgency 0..7 spread over ``classes`` classes (0 is the highest of both)."""
+    return urgency * classes // 8
+
+
+@dataclass(frozen=True)
+class PriorityConfig:
+    """A service's priority classes (``priority``) and how a request gets one."""
+
+    classes: tuple[str, ...]  # highest first
+    default: str  # the class of a request that says nothing (and whose host has none)
+    #: The header that names the class: None for RFC 9218's ``Priority: u=N``; else a
+    #: lower-case header name, whose (stripped) values map to classes by ``values``.
+    header: str | None = None
+    values: Mapping[str, str] = field(default_factory=dict)
+    hosts: Mapping[str, str] = field(default_factory=dict)  # host -> its default class
+    queue_timeout: Mapping[str, float] = field(default_factory=dict)  # class -> its queue_timeout
+    #: A lower-class waiter that waited this long goes next; None: strictly by class.
+    max_starvation: float | None = None
+
+
+def tenant_cap(service: ServiceConfig) -> int:
+    """How many waiters one tenant may hold: ``tenant_queue_share`` of queue_depth, at least one."""
+    return max(1, math.floor(service.tenant_queue_share * service.queue_depth))
+
+
+def longest_queue_timeout(service: ServiceConfig) -> float:
+    """The longest a request of the service may wait for a slot, whatever its class."""
+    if service.priority is None:
+        return service.queue_timeout
+    return max((service.queue_timeout, *service.priority.queue_timeout.values()))
+
+
+@dataclass(frozen=True)
+class FairBy:
+    """Who a request's tenant is (``fair_by``): a header's value, or (None) the client's IP."""
+
+    header: str | None = None
+
+
 @dataclass(frozen=True)
 class ServiceConfig:
     name: str
@@ -88,6 +134,10 @@ class ServiceConfig:
     client_gone: str = "finish"
     probe: ProbeConfig | None = None
     pods: tuple[PodConfig, ...] = ()
+    priority: PriorityConfig | None = None
+    fair_by: FairBy | None = None
+    #: With ``fair_by``: one tenant holds at most this share of queue_depth.
+    tenant_queue_share: float = 0.5
 
 
 @dataclass(frozen=True)
@@ -207,7 +257,14 @@ _SERVICE_KEYS = (
     "client_gone",
     "probe",
     "pods",
+    "priority",
+    "fair_by",
+    "tenant_queue_share",
 )
+_PRIORITY_KEYS = ("classes", "default", "from", "hosts", "queue_timeout", "max_starvation")
+_CLASS_NAME = re.compile(r"[A-Za-z0-9_-]+")
+# A header name (RFC 9110 token), as ``from.header`` and ``fair_by.header`` name one.
+_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 _TLS_KEYS = ("cert", "key")
 PROTOCOLS = ("http1", "h2c")
 _PROBE_KEYS = ("path", "interval", "timeout", "healthy_after", "unhealthy_after")
@@ -538,14 +595,7 @@ class _Parser:
 
     def statsd(self, value: object, path: KeyPath) -> StatsdConfig:
         m = self.section(value, path, _STATSD_KEYS)
-        prefix = StatsdConfig.prefix
-        if m.has("prefix"):
-            prefix = self.name(
-                m.get("prefix"),
-                m.path("prefix"),
-                _STATSD_PREFIX,
-                "dot-separated words of A-Z a-z 0-9 _ -",
-            )
+        prefix = m.name("prefix", StatsdConfig.prefix, _STATSD_PREFIX, "dot-separated words of A-Z a-z 0-9 _ -")
         return StatsdConfig(
             address=self.address(m.required("address"), m.path("address")),
             prefix=prefix,
@@ -653,7 +703,7 @@ class _Parser:
                     f"must be one of {', '.join(LB_POLICIES)}, got {_describe_value(lb_value)}",
                 )
             lb_policy = lb_value
-        return ServiceConfig(
+        service = ServiceConfig(
             name=name,
             hosts=self.hosts(m.required("hosts"), m.path("hosts")),
             container_concurrency=m.integer("container_concurrency", d.container_concurrency, minimum=0),
@@ -669,7 +719,102 @@ class _Parser:
             client_gone=self.choice(m, "client_gone", CLIENT_GONE, d.client_gone),
             probe=m.optional("probe", self.probe),
             pods=self.pods(m.get("pods"), m.path("pods")),
+            priority=m.optional("priority", self.priority),
+            fair_by=m.optional("fair_by", self.fair_by),
+            tenant_queue_share=(
+                self.share(m.get("tenant_queue_share"), m.path("tenant_queue_share"))
+                if m.has("tenant_queue_share")
+                else d.tenant_queue_share
+            ),
         )
+        if service.priority is not None:
+            for host in service.priority.hosts:
+                if host not in service.hosts:
+                    raise self.fail((*path, "priority", "hosts", host), "is not one of the service's hosts")
+        if m.has("tenant_queue_share") and service.fair_by is None:
+            raise self.fail(m.path("tenant_queue_share"), "needs fair_by (who a tenant is)")
+        return service
+
+    def priority(self, value: object, path: KeyPath) -> PriorityConfig:
+        m = self.section(value, path, _PRIORITY_KEYS)
+        listed = m.required("classes")
+        if not isinstance(listed, list) or not listed:
+            raise self.fail(
+                m.path("classes"), f"must be a non-empty list of class names, got {_describe_value(listed)}"
+            )
+        if len(listed) > MAX_CLASSES:
+            raise self.fail(m.path("classes"), f"at most {MAX_CLASSES} classes, got {len(listed)}")
+        classes: list[str] = []
+        for index, item in enumerate(listed):
+            name = self.name(item, (*m.path("classes"), index), _CLASS_NAME, "a class name of A-Z a-z 0-9 _ -")
+            if name in classes:
+                raise self.fail((*m.path("classes"), index), f"class {name!r} is listed twice")
+            classes.append(name)
+
+        def known(item: object, item_path: KeyPath) -> str:
+            if not isinstance(item, str) or item not in classes:
+                raise self.fail(
+                    item_path, f"must be one of the classes {', '.join(classes)}, got {_describe_value(item)}"
+                )
+            return item
+
+        default = classes[class_of_urgency(DEFAULT_URGENCY, len(classes))]
+        if m.has("default"):
+            default = known(m.get("default"), m.path("default"))
+        header, values = self.priority_source(m.get("from") if m.has("from") else "rfc9218", m.path("from"), known)
+        hosts: dict[str, str] = {}
+        if m.has("hosts"):
+            host_map = self.mapping(m.get("hosts"), m.path("hosts"), "host to class")
+            hosts = {self.host(h, (*m.path("hosts"), h)): known(c, (*m.path("hosts"), h)) for h, c in host_map.items()}
+        timeouts: dict[str, float] = {}
+        if m.has("queue_timeout"):
+            timeout_map = self.mapping(m.get("queue_timeout"), m.path("queue_timeout"), "class to duration")
+            for key, seconds in timeout_map.items():
+                where = (*m.path("queue_timeout"), key)
+                timeouts[known(key, where)] = self.duration(seconds, where, positive=False)
+        return PriorityConfig(
+            classes=tuple(classes),
+            default=default,
+            header=header,
+            values=values,
+            hosts=hosts,
+            queue_timeout=timeouts,
+            max_starvation=m.optional_duration("max_starvation", None),
+        )
+
+    def priority_source(
+        self, value: object, path: KeyPath, known: Callable[[object, KeyPath], str]
+    ) -> tuple[str | None, dict[str, str]]:
+        """``from``: ``rfc9218`` (None, no map), or ``{header: NAME, values: {VALUE: CLASS}}``."""
+        if value == "rfc9218":
+            return None, {}
+        if not isinstance(value, dict):
+            raise self.fail(
+                path, f"must be rfc9218 or {{header: NAME, values: {{VALUE: CLASS}}}}, got {_describe_value(value)}"
+            )
+        m = self.section(value, path, ("header", "values"))
+        header = self.name(m.required("header"), m.path("header"), _HEADER_NAME, "a header name").lower()
+        value_map = self.mapping(m.required("values"), m.path("values"), "header value to class")
+        values = {str(key).strip(): known(c, (*m.path("values"), key)) for key, c in value_map.items()}
+        return header, values
+
+    def fair_by(self, value: object, path: KeyPath) -> FairBy:
+        """``client_ip`` or ``{header: NAME}``."""
+        if value == "client_ip":
+            return FairBy()
+        if not isinstance(value, dict):
+            raise self.fail(path, f"must be null, client_ip or {{header: NAME}}, got {_describe_value(value)}")
+        m = self.section(value, path, ("header",))
+        return FairBy(self.name(m.required("header"), m.path("header"), _HEADER_NAME, "a header name").lower())
+
+    def mapping(self, value: object, path: KeyPath, what: str) -> dict[str | int, object]:
+        """A non-empty mapping with scalar keys (a YAML number key is taken as its text)."""
+        if not isinstance(value, dict) or not value:
+            raise self.fail(path, f"must be a non-empty mapping of {what}, got {_describe_value(value)}")
+        for key in value:
+            if isinstance(key, bool) or not isinstance(key, (str, int)):
+                raise self.fail(path, f"keys must be strings, got {_describe_value(key)}")
+        return value
 
     def protocol(self, m: _Section) -> str:
         value = m.get("protocol") if m.has("protocol") else "http1"
@@ -739,14 +884,7 @@ class _Parser:
     def probe(self, value: object, path: KeyPath) -> ProbeConfig:
         m = self.section(value, path, _PROBE_KEYS)
         d = ProbeConfig()
-        probe_path = d.path
-        if m.has("path"):
-            probe_path = self.name(
-                m.get("path"),
-                m.path("path"),
-                _PROBE_PATH,
-                "a URL path starting with / (no spaces)",
-            )
+        probe_path = m.name("path", d.path, _PROBE_PATH, "a URL path starting with / (no spaces)")
         return ProbeConfig(
             path=probe_path,
             interval=m.duration("interval", d.interval, positive=True),
@@ -826,6 +964,11 @@ class _Section:
         if key not in self.mapping:
             return default
         return self.parser.boolean(self.mapping[key], self.path(key))
+
+    def name(self, key: str, default: str, pattern: re.Pattern[str], what: str) -> str:
+        if key not in self.mapping:
+            return default
+        return self.parser.name(self.mapping[key], self.path(key), pattern, what)
 
     def duration(self, key: str, default: float, *, positive: bool = False) -> float:
         """``positive``: zero makes no sense (a timeout of zero could never be met)."""
@@ -1136,6 +1279,42 @@ def _describe_service(service: ServiceConfig) -> list[str]:
             + f"timeout {format_duration(probe.timeout)}, healthy after {probe.healthy_after}, "
             + f"unhealthy after {probe.unhealthy_after}"
         )
+    lines += _describe_queue(service)
     lines.append(f"  pods ({len(service.pods)}):" if service.pods else "  pods: none")
     lines += [f"    {pod.address}{'  (drain)' if pod.drain else ''}" for pod in service.pods]
+    return lines
+
+
+def _describe_queue(service: ServiceConfig) -> list[str]:
+    """The queue's classes and tenants, as ``check`` shows them (nothing for one FIFO)."""
+    lines = []
+    priority = service.priority
+    if priority is not None:
+        source = "Priority: u=0..7 (RFC 9218)" if priority.header is None else f"header {priority.header}"
+        lines.append(f"  priority classes, highest first: {', '.join(priority.classes)}; from {source}")
+        spread = [class_of_urgency(u, len(priority.classes)) for u in range(8)]
+        if priority.header is None:
+            ranges = []
+            for index, name in enumerate(priority.classes):
+                urgencies = [u for u in range(8) if spread[u] == index]
+                if urgencies:
+                    ranges.append(f"u={urgencies[0]}..{urgencies[-1]} {name}")
+            lines.append(f"    {', '.join(ranges)}")
+        else:
+            lines += [f"    {value!r} -> {name}" for value, name in priority.values.items()]
+        lines.append(f"    default {priority.default}" + "".join(f"; {h} -> {c}" for h, c in priority.hosts.items()))
+        for name in priority.classes:
+            if name in priority.queue_timeout:
+                lines.append(f"    {name}: queue_timeout {format_duration(priority.queue_timeout[name])}")
+        starvation = priority.max_starvation
+        lines.append(
+            "    strictly by class" if starvation is None else f"    max_starvation {format_duration(starvation)}"
+        )
+    if service.fair_by is not None:
+        who = "client IP" if service.fair_by.header is None else f"header {service.fair_by.header}"
+        cap = tenant_cap(service)
+        lines.append(
+            f"  fair_by {who}: round-robin between tenants, each at most {cap} queued"
+            + f" (tenant_queue_share {service.tenant_queue_share:g})"
+        )
     return lines

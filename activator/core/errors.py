@@ -152,6 +152,22 @@ class QueueFull(ActivatorError):
     retry_after = 1
 
 
+class TenantQueueFull(ActivatorError):
+    """This request's tenant (``fair_by``) holds its ``tenant_queue_share`` of the queue."""
+
+    status = 503
+    reason = "tenant-queue-full"
+    retry_after = 1
+
+
+class Shed(ActivatorError):
+    """A higher-priority arrival took this waiter's place in a full queue."""
+
+    status = 503
+    reason = "shed"
+    retry_after = 1
+
+
 class QueueTimeout(ActivatorError):
     status = 503
     reason = "queue-timeout"

@@ -20,9 +20,11 @@ is still inside; exact enough for a budget, O(1) per count). The budgets:
   never reads; not over the window: since the writer last caught up);
 - ``empty_frames``: DATA, HEADERS or CONTINUATION frames with no payload that do not end
   their stream;
-- ``window_updates``: WINDOW_UPDATE frames beyond one per ``WINDOW_UPDATE_BYTES`` of
-  DATA sent to the client in the window (a client reading a large answer sends them as
-  it reads);
+- ``window_updates``: WINDOW_UPDATE frames beyond what the client's traffic earns in the
+  window: one per ``WINDOW_UPDATE_BYTES`` of DATA sent to it (a client reading a large
+  answer sends them as it reads), and ``WINDOW_UPDATES_PER_EXCHANGE`` for each stream it
+  opened and for each DATA write to it (a gRPC client such as grpcio answers every
+  small message with a stream's and the connection's WINDOW_UPDATE: about two per call);
 - ``priority``: PRIORITY frames beyond ``PRIORITY_PER_STREAM`` per stream opened in the
   window;
 - ``continuations``: CONTINUATION frames in one header block (not over the window).
@@ -60,9 +62,13 @@ WINDOWED = (
     Budget.PRIORITY,
 )
 RESETS, PINGS, SETTINGS, EMPTY_FRAMES, WINDOW_UPDATES, PRIORITY = range(len(WINDOWED))
+#: After the budgets' counts: what the client's traffic earns.
+_BYTES_SENT, _STREAMS_OPENED, _DATA_WRITES = range(len(WINDOWED), len(WINDOWED) + 3)
 
 #: DATA sent to the client that earns one more WINDOW_UPDATE in the window.
 WINDOW_UPDATE_BYTES = 4096
+#: WINDOW_UPDATE frames that each stream opened, and each DATA write to the client, earn.
+WINDOW_UPDATES_PER_EXCHANGE = 2
 #: PRIORITY frames each stream opened in the window earns.
 PRIORITY_PER_STREAM = 10
 
@@ -94,10 +100,11 @@ class BudgetMeter:
     def __init__(self, budgets: H2Budgets, now: float) -> None:
         self.budgets = budgets
         #: When the current half began; counts of the current and the previous half, in
-        #: ``WINDOWED`` order, plus the DATA bytes sent and the streams opened.
+        #: ``WINDOWED`` order, plus the DATA bytes sent, the streams opened and the DATA
+        #: writes (``_BYTES_SENT``, ``_STREAMS_OPENED``, ``_DATA_WRITES``).
         self._start = now
-        self._current = [0] * (len(WINDOWED) + 2)
-        self._previous = [0] * (len(WINDOWED) + 2)
+        self._current = [0] * (len(WINDOWED) + 3)
+        self._previous = [0] * (len(WINDOWED) + 3)
         self._limits = [budgets.limit(budget) for budget in WINDOWED]
 
     def _roll(self, now: float) -> float:
@@ -124,9 +131,11 @@ class BudgetMeter:
         self._current[index] += n
         allowed = self._limits[index]
         if index == WINDOW_UPDATES:
-            allowed += int(self._value(len(WINDOWED), weight)) // WINDOW_UPDATE_BYTES
+            exchanges = self._value(_STREAMS_OPENED, weight) + self._value(_DATA_WRITES, weight)
+            allowed += int(self._value(_BYTES_SENT, weight)) // WINDOW_UPDATE_BYTES
+            allowed += int(exchanges) * WINDOW_UPDATES_PER_EXCHANGE
         elif index == PRIORITY:
-            allowed += int(self._value(len(WINDOWED) + 1, weight)) * PRIORITY_PER_STREAM
+            allowed += int(self._value(_STREAMS_OPENED, weight)) * PRIORITY_PER_STREAM
         if self._value(index, weight) > allowed:
             return WINDOWED[index]
         return None
@@ -134,9 +143,10 @@ class BudgetMeter:
     def sent_data(self, size: int, now: float) -> None:
         """``size`` bytes of DATA went to the client (they earn WINDOW_UPDATE frames)."""
         self._roll(now)
-        self._current[len(WINDOWED)] += size
+        self._current[_BYTES_SENT] += size
+        self._current[_DATA_WRITES] += 1
 
     def opened_stream(self, now: float) -> None:
         """The client opened a stream (it earns PRIORITY frames)."""
         self._roll(now)
-        self._current[len(WINDOWED) + 1] += 1
+        self._current[_STREAMS_OPENED] += 1

@@ -275,6 +275,8 @@ def own_answer(error: ActivatorError, close: bool, grpc: bool = False, *, head_o
 #: Activator's own answers as gRPC status codes (grpc/doc/statuscodes.md).
 GRPC_STATUS = {
     "queue-full": 8,  # RESOURCE_EXHAUSTED
+    "shed": 8,
+    "tenant-queue-full": 8,
     "queue-timeout": 14,  # UNAVAILABLE
     "upstream-connect": 14,
     "upstream-bad-response": 14,

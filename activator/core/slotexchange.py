@@ -26,6 +26,12 @@ queue, and slots come to it. This module decides who gets which slot:
   message's delay; a ``Lend`` that crosses such a ``Cancel`` is offered again.
 - A waiter that gives up (timeout, client gone) is ``cancel``\\ led; a grant that crossed
   its cancel is offered again by the waiter's worker.
+- **Classes and tenants.** A service with ``priority`` or ``fair_by`` has its one queue
+  here ordered by the same ``core.waitqueue.WaitQueue`` as a worker's: ``Enqueue``
+  carries the request's class, tenant and the service's ``QueuePolicy``; a full queue
+  sheds (``Shed`` to the victim's worker) or refuses (``Full``, with its reason).
+  Such a queue is not ordered by arrival alone, so no ``Oldest`` is sent for it: every
+  slot that frees is offered here, and the exchange picks the waiter.
 - **Loans outlive their worker's crash.** A worker that ends takes its waiters with it
   and its borrowed slots go back to their owners (``forget_worker``); the slots it had
   lent stay out until their borrowers are done, and its next incarnation is told which
@@ -45,13 +51,16 @@ from __future__ import annotations
 import heapq
 import itertools
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from .errors import QueueFull, TenantQueueFull
 from .events import TransportFailure
 from .failures import FailureKind
 from .throttler import NO_EFFECTS, Effects, EffectsCollector, Grant, ServiceThrottler
+from .waitqueue import Queued, QueuePolicy, WaitQueue
 
 
 @dataclass(frozen=True)
@@ -79,7 +88,17 @@ class Decline:
 
 @dataclass(frozen=True)
 class Full:
-    """To ``worker``: the service's queue is full; answer ``request`` 503 queue-full."""
+    """To ``worker``: the service's queue is full (or the tenant's share of it); answer
+    ``request`` 503 with ``reason`` (queue-full, tenant-queue-full)."""
+
+    worker: int
+    request: int
+    reason: str = "queue-full"
+
+
+@dataclass(frozen=True)
+class Shed:
+    """To ``worker``: a higher class took the place of ``request`` in the full queue."""
 
     worker: int
     request: int
@@ -113,7 +132,7 @@ class Oldest:
     arrival: float | None
 
 
-Message = Lend | Decline | Full | Contended | Reserved | Oldest
+Message = Lend | Decline | Full | Shed | Contended | Reserved | Oldest
 
 
 # -- what workers send --------------------------------------------------------------------
@@ -128,13 +147,18 @@ class Hello:
 
 @dataclass(frozen=True)
 class Enqueue:
-    """From ``worker``: its request waits (``arrival``: monotonic seconds)."""
+    """From ``worker``: its request waits (``arrival``: monotonic seconds); of class
+    ``klass`` and ``tenant`` under ``policy`` (``QueuePolicy``'s fields in order; None:
+    one FIFO)."""
 
     worker: int
     service: str
     request: int
     arrival: float
     queue_depth: int
+    klass: int = 0
+    tenant: str | None = None
+    policy: list[Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -161,7 +185,8 @@ class Offer:
 Request = Hello | Enqueue | Cancel | Offer
 
 _KINDS: dict[str, type] = {
-    kind.__name__: kind for kind in (Lend, Decline, Full, Contended, Reserved, Oldest, Hello, Enqueue, Cancel, Offer)
+    kind.__name__: kind
+    for kind in (Lend, Decline, Full, Shed, Contended, Reserved, Oldest, Hello, Enqueue, Cancel, Offer)
 }
 
 
@@ -193,13 +218,33 @@ class Loan:
 Entry = tuple[float, int, int, int]  # (arrival, sequence, worker, request)
 
 
+class _Classed(Queued):
+    """A waiter of a service with classes or tenants, in its ``WaitQueue``."""
+
+    __slots__ = ("key",)
+
+    def __init__(self, key: tuple[int, int], arrival: float, klass: int, tenant: str | None) -> None:
+        super().__init__(arrival, klass, tenant)
+        self.key = key  # (worker, request)
+
+
+def policy_fields(policy: QueuePolicy) -> list[Any] | None:
+    """A ``QueuePolicy`` as ``Enqueue`` carries it (None: one FIFO)."""
+    if policy.plain:
+        return None
+    return [getattr(policy, f.name) for f in fields(policy)]
+
+
 @dataclass
 class _Queue:
+    # With classes or tenants: the live waiters in their order (``heap`` and
+    # ``by_worker`` stay empty, ``live`` maps to each waiter's entry there).
+    ordered: WaitQueue | None = None
     # Heaps of entries; entries of waiters gone stay until they surface.
     heap: list[Entry] = field(default_factory=list)
     by_worker: dict[int, list[Entry]] = field(default_factory=dict)
     # (worker, request) -> its entry, for the live waiters only.
-    live: dict[tuple[int, int], Entry] = field(default_factory=dict)
+    live: dict[tuple[int, int], Entry | _Classed] = field(default_factory=dict)
     # worker -> the last ``Oldest`` arrival it was told (workers with waiters only).
     told: dict[int, float | None] = field(default_factory=dict)
 
@@ -237,14 +282,20 @@ class SlotExchange:
         # (owner, slot) -> (loan, borrowing worker or None while offered but not taken)
         self._loans: dict[tuple[int, int], tuple[Loan, int | None]] = {}
 
-    def receive(self, message: Request) -> list[tuple[int | None, Message]]:
-        """Apply one worker's message; what to send to whom (None: every worker)."""
+    def receive(self, message: Request, now: float = -math.inf) -> list[tuple[int | None, Message]]:
+        """Apply one worker's message; what to send to whom (None: every worker). ``now``
+        is for a queue's starvation bound (without it, nobody counts as starving)."""
         if isinstance(message, Enqueue):
-            out = self.enqueue(message.service, message.worker, message.request, message.arrival, message.queue_depth)
+            if message.policy is not None:
+                out = self.enqueue_classed(message, QueuePolicy(*message.policy))
+            else:
+                out = self.enqueue(
+                    message.service, message.worker, message.request, message.arrival, message.queue_depth
+                )
         elif isinstance(message, Cancel):
             out = self.cancel(message.service, message.worker, message.request)
         elif isinstance(message, Offer):
-            out = self.offer(message.service, message.owner, message.slot, message.pod, message.failed)
+            out = self.offer(message.service, message.owner, message.slot, message.pod, message.failed, now)
         else:
             greeting: list[Message] = [Contended(service, True) for service in self.contended_services()]
             greeting += [Reserved(loan.service, loan.slot, loan.pod) for loan in self.reserved(message.worker)]
@@ -267,26 +318,68 @@ class SlotExchange:
         contended: list[Message] = [Contended(service, True)] if len(queue.live) == 1 else []
         return contended + self._tell_oldest(service, queue)
 
+    def enqueue_classed(self, message: Enqueue, policy: QueuePolicy) -> list[Message]:
+        """``enqueue`` for a service with classes or tenants: the service's ``WaitQueue``
+        decides (it may shed a waiter, of any worker, or refuse)."""
+        service, key = message.service, (message.worker, message.request)
+        queue = self._queues.get(service)
+        if queue is None:
+            queue = self._queues[service] = _Queue(ordered=WaitQueue(policy, message.queue_depth))
+        if key in queue.live:
+            return []
+        ordered = queue.ordered
+        if ordered is None:  # a FIFO queue that got a policy (a reload): it keeps its order until empty
+            return self.enqueue(service, message.worker, message.request, message.arrival, message.queue_depth)
+        ordered.reshape(policy, message.queue_depth)
+        waiter = _Classed(key, message.arrival, min(message.klass, policy.classes - 1), message.tenant)
+        try:
+            shed = ordered.push(waiter)
+        except TenantQueueFull as refused:
+            return [Full(message.worker, message.request, refused.reason)]
+        except QueueFull:
+            return [Full(message.worker, message.request)]
+        queue.live[key] = waiter
+        out: list[Message] = [Contended(service, True)] if len(queue.live) == 1 else []
+        if shed is not None:
+            assert isinstance(shed, _Classed)
+            del queue.live[shed.key]
+            out.append(Shed(*shed.key))
+        return out
+
     def cancel(self, service: str, worker: int, request: int) -> list[Message]:
         """The request gave up, or took a slot in its worker (first in line there). If it
         was granted here meanwhile, its worker offers the slot again."""
         queue = self._queues.get(service)
-        if queue is None or queue.live.pop((worker, request), None) is None:
+        if queue is None:
             return []
+        entry = queue.live.pop((worker, request), None)
+        if entry is None:
+            return []
+        if isinstance(entry, _Classed) and queue.ordered is not None:
+            queue.ordered.remove(entry)
         return self._tell_oldest(service, queue) + self._maybe_uncontended(service, queue)
 
     # -- slots ------------------------------------------------------------------
 
-    def offer(self, service: str, owner: int, slot: int, pod: str, failed: str | None = None) -> list[Message]:
-        """A slot of ``owner`` on ``pod``, free now: to the oldest waiter, else back to its owner."""
+    def offer(
+        self, service: str, owner: int, slot: int, pod: str, failed: str | None = None, now: float = -math.inf
+    ) -> list[Message]:
+        """A slot of ``owner`` on ``pod``, free now: to the next waiter (the oldest, or the
+        one a classed queue picks at ``now``), else back to its owner."""
         key = (owner, slot)
         queue = self._queues.get(service)
-        entry = queue.oldest() if queue is not None else None
-        if failed is not None or queue is None or entry is None:
+        if failed is not None or queue is None or not queue.live:
             self._loans.pop(key, None)
             return [Decline(owner, service, slot, failed)]
-        _, _, worker, request = entry
-        heapq.heappop(queue.heap)
+        if queue.ordered is not None:
+            picked = queue.ordered.pop(now)
+            assert isinstance(picked, _Classed)
+            worker, request = picked.key
+        else:
+            entry = queue.oldest()
+            assert entry is not None
+            _, _, worker, request = entry
+            heapq.heappop(queue.heap)
         del queue.live[(worker, request)]
         if worker == owner:
             self._loans.pop(key, None)  # back home: the owner runs it as its own
@@ -302,7 +395,9 @@ class SlotExchange:
         messages: list[Message] = []
         for service, queue in list(self._queues.items()):
             for key in [key for key in queue.live if key[0] == worker]:
-                del queue.live[key]
+                entry = queue.live.pop(key)
+                if isinstance(entry, _Classed) and queue.ordered is not None:
+                    queue.ordered.remove(entry)
             messages += self._tell_oldest(service, queue)
             messages += self._maybe_uncontended(service, queue)
         for key, (loan, borrower) in list(self._loans.items()):
@@ -328,8 +423,15 @@ class SlotExchange:
 
     def oldest_arrival(self, service: str) -> float | None:
         queue = self._queues.get(service)
+        if queue is not None and queue.ordered is not None:
+            return queue.ordered.oldest_arrival()
         entry = queue.oldest() if queue is not None else None
         return entry[0] if entry is not None else None
+
+    def waiting(self, service: str) -> WaitQueue | None:
+        """The classed queue of ``service`` (its views, for /status), if it has one."""
+        queue = self._queues.get(service)
+        return queue.ordered if queue is not None else None
 
     def lent(self) -> int:
         return len(self._loans)
@@ -338,8 +440,13 @@ class SlotExchange:
         for service, queue in self._queues.items():
             if not queue.live:
                 raise AssertionError(f"{service}: an empty queue kept")
+            if queue.ordered is not None:
+                queue.ordered.check_invariants()
+                if sorted(queue.live) != sorted(w.key for w in queue.ordered if isinstance(w, _Classed)):
+                    raise AssertionError(f"{service}: the live waiters are not the queue's")
+                continue
             for key, entry in queue.live.items():
-                if (entry[2], entry[3]) != key:
+                if isinstance(entry, _Classed) or (entry[2], entry[3]) != key:
                     raise AssertionError(f"{service}: waiter {key} filed as {entry}")
             if len(queue.heap) < len(queue.live):
                 raise AssertionError(f"{service}: a live waiter missing from the heap")
@@ -375,7 +482,7 @@ class SlotExchange:
 
 def recipient(message: Message) -> int | None:
     """The worker a message is for (None: every worker)."""
-    if isinstance(message, Lend | Full | Oldest):
+    if isinstance(message, Lend | Full | Shed | Oldest):
         return message.worker
     if isinstance(message, Decline):
         return message.owner
@@ -400,10 +507,17 @@ class Redirect:
 
 
 class QueueIsFull:
-    """The outcome of a wait the exchange refused (``Full``)."""
+    """The outcome of a wait the exchange refused (``Full``), with its reason."""
+
+    def __init__(self, reason: str = "queue-full") -> None:
+        self.reason = reason
 
 
-Outcome = Borrowed | Grant | Redirect | QueueIsFull
+class WasShed:
+    """The outcome of a wait whose place a higher class took (``Shed``)."""
+
+
+Outcome = Borrowed | Grant | Redirect | QueueIsFull | WasShed
 
 
 class Waiting:
@@ -456,15 +570,21 @@ class WorkerLedger:
 
     # -- requests ---------------------------------------------------------------
 
-    def enqueue(self, throttler: ServiceThrottler, arrival: float) -> tuple[Waiting, list[Request]]:
-        """A request this worker cannot serve at once waits at the exchange."""
+    def enqueue(
+        self, throttler: ServiceThrottler, arrival: float, klass: int = 0, tenant: str | None = None
+    ) -> tuple[Waiting, list[Request]]:
+        """A request this worker cannot serve at once waits at the exchange (in ``klass``,
+        as ``tenant``, when the service has classes or tenants)."""
         if self._oldest_waiting(throttler.name) is None:
             self.others_oldest.pop(throttler.name, None)  # the exchange tells it anew
         waiting = Waiting(next(self._requests), throttler.name, arrival)
         self.waiting[waiting.request] = waiting
         heapq.heappush(self._lines.setdefault(throttler.name, []), (arrival, waiting.request))
         depth = throttler.config.queue_depth
-        return waiting, [Enqueue(self.worker, throttler.name, waiting.request, arrival, depth)]
+        policy = policy_fields(throttler.queue.policy)
+        if policy is None:
+            return waiting, [Enqueue(self.worker, throttler.name, waiting.request, arrival, depth)]
+        return waiting, [Enqueue(self.worker, throttler.name, waiting.request, arrival, depth, klass, tenant, policy)]
 
     def leave(
         self, waiting: Waiting, services: Mapping[str, ServiceThrottler], keep: bool, now: float
@@ -580,10 +700,10 @@ class WorkerLedger:
                     failure = TransportFailure(throttler.name, grant.pod.address, FailureKind(message.failed))
                     out.failures.append(failure)
                 out.effects = throttler.release(grant, now)
-        elif isinstance(message, Full):
+        elif isinstance(message, Full | Shed):
             waiting = self.waiting.get(message.request)
             if waiting is not None and waiting.outcome is None:
-                waiting.outcome = QueueIsFull()
+                waiting.outcome = QueueIsFull(message.reason) if isinstance(message, Full) else WasShed()
                 out.woken.append(waiting)
         elif isinstance(message, Oldest):
             self.others_oldest[message.service] = message.arrival

@@ -11,13 +11,21 @@ a sibling is internal). Reload counts and refusals are summed (only one worker c
 reloads). A pod's peaks in flight are summed: each worker's peak is of its own
 requests, so the sum is an upper bound of the activator's (never below it, exact with
 one worker), which is what proves a limit held. Its time in each state is the longest
-of the workers' (each sees the pod itself).
+of the workers' (each sees the pod itself). Per priority class, queued and sheds are
+summed and the oldest wait is the longest; the tenants with the most queued are summed by
+tenant (``merge_queue_view``, which also adds the supervisor's one queue).
 """
 
 from __future__ import annotations
 
 import copy
+import heapq
 from typing import Any
+
+from .waitqueue import WaitQueue
+
+#: How many of the tenants with the most queued a status shows.
+TOP_TENANTS = 5
 
 #: Service fields summed over the workers (numbers, or nested dicts and lists of them).
 SUMMED_SERVICE_FIELDS = ("in_flight", "queued", "tunnels", "borrowed", "requests_per_second")
@@ -75,9 +83,52 @@ def _merge_pod(seen: dict[str, Any], pod: dict[str, Any]) -> None:
             seen["last_probe"] = probe
 
 
+def queue_view(queue: WaitQueue, classes: list[str] | None, fair: bool, sheds: list[int], now: float) -> dict[str, Any]:
+    """A queue's part of a service's status: per class (``classes``: their names, or None
+    without priority) its queued, its oldest's wait, its sheds; with tenants (``fair``),
+    how many have waiters and the ``TOP_TENANTS`` with the most."""
+    shown: dict[str, Any] = {}
+    if classes is not None:
+        shown["classes"] = {
+            name: {
+                "queued": queued,
+                "oldest_wait_seconds": round(now - oldest, 3) if oldest is not None else 0.0,
+                "shed": shed,
+            }
+            for name, queued, oldest, shed in zip(
+                classes, queue.queued_by_class(), queue.oldest_by_class(), sheds, strict=False
+            )
+        }
+    if fair:
+        shown["tenants"] = queue.tenants
+        shown["top_tenants"] = [
+            {"tenant": tenant.decode("latin-1") if isinstance(tenant, bytes) else str(tenant), "queued": n}
+            for tenant, n in queue.top_tenants(TOP_TENANTS)
+        ]
+    return shown
+
+
+def merge_queue_view(into: dict[str, Any], view: dict[str, Any]) -> None:
+    """Add one process's ``queue_view`` (a worker's, or the supervisor's) into ``into``."""
+    for name, seen in view.get("classes", {}).items():
+        mine = into.setdefault("classes", {}).setdefault(name, {"queued": 0, "oldest_wait_seconds": 0.0, "shed": 0})
+        mine["queued"] += seen["queued"]
+        mine["shed"] += seen["shed"]
+        mine["oldest_wait_seconds"] = max(mine["oldest_wait_seconds"], seen["oldest_wait_seconds"])
+    if "top_tenants" in view:
+        counts: dict[str, int] = {}
+        for entry in [*into.get("top_tenants", []), *view["top_tenants"]]:
+            counts[entry["tenant"]] = counts.get(entry["tenant"], 0) + entry["queued"]
+        top = heapq.nlargest(TOP_TENANTS, counts.items(), key=lambda item: item[1])
+        into["top_tenants"] = [{"tenant": tenant, "queued": n} for tenant, n in top]
+        into["tenants"] = into.get("tenants", 0) + view["tenants"]
+
+
 def _merge_service(into: dict[str, Any] | None, service: dict[str, Any]) -> dict[str, Any]:
     if into is None:
         into = copy.deepcopy(service)
+        for key in ("classes", "top_tenants", "tenants"):
+            into.pop(key, None)
         into["pods"] = {}
         for key in ("capacity", *SUMMED_SERVICE_FIELDS):
             into[key] = 0
@@ -90,6 +141,7 @@ def _merge_service(into: dict[str, Any] | None, service: dict[str, Any]) -> dict
     for key in NESTED_SERVICE_FIELDS:
         into[key] = add_into(into[key], service.get(key, {}))
     into["oldest_wait_seconds"] = max(into["oldest_wait_seconds"], service.get("oldest_wait_seconds", 0.0))
+    merge_queue_view(into, service)
     if into["capacity"] is None or service["capacity"] is None:
         into["capacity"] = None
     else:

@@ -7,10 +7,12 @@ Rules, each checked by ``check_invariants``:
   activator (``in_flight < slots``; cc 0 pods have no limit). Capacity is the sum of
   the slots of healthy pods: pending and draining pods never count, so nobody waits
   for a slot that cannot be used.
-- Waiters are served strictly in arrival order. A newcomer may take a slot directly
-  only when nobody waits; when a slot frees (release, a pod turning healthy, a limit
-  raised) it is handed to the oldest waiter at once. So: *while anyone waits, no pod
-  has a free slot*. There is no retry loop anywhere.
+- Waiters are served in the order of the service's ``WaitQueue`` (``core.waitqueue``):
+  arrival order, unless the service has priority classes or ``fair_by``. A newcomer may
+  take a slot directly only when nobody waits; when a slot frees (release, a pod turning
+  healthy, a limit raised) it is handed to the next waiter at once. So: *while anyone
+  waits, no pod has a free slot*. There is no retry loop anywhere. A waiter shed from a
+  full queue (a higher class took its place) is woken without a grant, ``shed``.
 - Pod trackers are keyed by address and outlive config reloads: a pod unlisted and
   listed again, or drained and undrained, keeps its in-flight count and is never
   sent more than its limit. A tracker is deleted only once it is removed, unlisted
@@ -39,18 +41,20 @@ everything else (``apply``, ``probe_result``, ``record_failure``, ``tick``,
 
 from __future__ import annotations
 
+import math
 import random
-from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from .config import Listing, ServiceConfig, pod_changes, resolve_lb_policy
-from .errors import QueueFull
 from .failures import FailureKind
 from .lb import Pickable, Policy, make_policy
+from .priority import Classifier, queue_policy
 from .probes import Verdict
 from .states import PodEvent, PodState, next_state
+from .status import queue_view
+from .waitqueue import Queued, WaitQueue
 
 HEALTHY = PodState.HEALTHY
 PENDING = PodState.PENDING
@@ -185,15 +189,17 @@ class Grant:
         self.lent = False
 
 
-class Waiter:
-    """A queued request. Woken (through ``Effects.woken``) once it has a ``grant``, or
-    when ``redirected``."""
+class Waiter(Queued):
+    """A queued request (of priority class ``klass``, of ``tenant``). Woken (through
+    ``Effects.woken``) once it has a ``grant``, or when ``redirected`` or ``shed``."""
 
-    __slots__ = ("__weakref__", "enqueued_at", "grant", "redirected", "token")
+    __slots__ = ("__weakref__", "grant", "redirected", "shed", "token")
 
-    def __init__(self, now: float) -> None:
-        self.enqueued_at = now
+    def __init__(self, now: float, klass: int = 0, tenant: Hashable | None = None) -> None:
+        super().__init__(now, klass, tenant)
         self.grant: Grant | None = None
+        # A higher-class arrival took its place in the full queue: answered 503 shed.
+        self.shed = False
         # Taken out of the queue because this process no longer owns any slot of the
         # service: the shell forwards the request to an owner instead.
         self.redirected = False
@@ -276,7 +282,9 @@ class ServiceThrottler:
         self._rng = rng
         self.trackers: dict[str, PodTracker] = {}
         # Invariant: non-empty only while no pod can take a request.
-        self._queue: OrderedDict[Waiter, None] = OrderedDict()
+        self._queue = WaitQueue(queue_policy(config), config.queue_depth)
+        #: Waiters shed from the full queue, per class, ever.
+        self.sheds = [0] * self._queue.policy.classes
         # Invariant: equals the sum of the trackers' in_flight.
         self.in_flight = 0
         # Invariant: the unreleased grants that became tunnels (each is also in in_flight),
@@ -297,16 +305,27 @@ class ServiceThrottler:
     # -- the request path -------------------------------------------------------
 
     def acquire(self, now: float) -> Grant | Waiter:
-        """A slot now, or a place in the queue. Raises ``QueueFull``. Never has effects."""
-        if not self._queue:
+        """``admit`` in the lowest class, with no tenant: it sheds nobody, so it never has
+        effects. Raises ``QueueFull`` (``TenantQueueFull`` with a tenant cap)."""
+        first, _ = self.admit(now, self._queue.policy.classes - 1)
+        return first
+
+    def admit(self, now: float, klass: int = 0, tenant: Hashable | None = None) -> tuple[Grant | Waiter, Effects]:
+        """A slot now, or a place in the queue (in ``klass``, of ``tenant``). Raises
+        ``QueueFull`` or ``TenantQueueFull``. Its effects: the waiter it shed, if any."""
+        queue = self._queue
+        if not queue:
             pod = self.policy.pick()
             if pod is not None:
-                return self._grant(pod)
-        if len(self._queue) >= self.config.queue_depth:
-            raise QueueFull()
-        waiter = Waiter(now)
-        self._queue[waiter] = None
-        return waiter
+                return self._grant(pod), NO_EFFECTS
+        waiter = Waiter(now, klass, tenant)
+        shed = queue.push(waiter)
+        if shed is None:
+            return waiter, NO_EFFECTS
+        assert isinstance(shed, Waiter)
+        shed.shed = True
+        self.sheds[shed.klass] += 1
+        return waiter, Effects([shed])
 
     def acquire_here(self) -> Grant | None:
         """Shared mode: a slot now, unless the service is contended or none is free (the
@@ -319,16 +338,7 @@ class ServiceThrottler:
     def retry_here(self, failed: Grant, now: float) -> tuple[Grant | None, Effects]:
         """Shared mode ``acquire_retry``: another free pod's slot, or None (queue at the
         exchange); ``failed`` is given back after the choice."""
-        if failed.released:
-            raise InvariantViolation(f"retry of a grant on {failed.pod.address} given back already")
-        excluded = failed.pod
-        excluded.retries += 1
-        was_available = excluded in self.policy
-        if was_available:
-            self.policy.discard(excluded)
-        pod = self.policy.pick() if not self.contended else None
-        if was_available:
-            self._refresh(excluded)
+        pod = self._other_pod(failed, may_pick=not self.contended)
         grant = self._grant(pod) if pod is not None else None
         self._release(failed, now, answered=False)
         return grant, self._effects()
@@ -336,7 +346,7 @@ class ServiceThrottler:
     def set_contended(self, contended: bool) -> Effects:
         """Shared mode: the exchange has waiters of this service (lend every free slot) or none."""
         self.contended = contended and self.shared
-        self._dispatch()
+        self._dispatch()  # (lends; the local queue of a shared service is empty)
         return self._effects()
 
     def reserve(self, address: str) -> Grant:
@@ -374,6 +384,11 @@ class ServiceThrottler:
         if tracker is not None:
             tracker.requests += 1
 
+    def count_shed(self, klass: int) -> None:
+        """Shared mode: a request of this worker was shed from the supervisor's queue."""
+        if 0 <= klass < len(self.sheds):
+            self.sheds[klass] += 1
+
     def borrowed_tunnel(self) -> None:
         """The borrowed slot's request became a tunnel."""
         self.tunnels += 1
@@ -393,6 +408,19 @@ class ServiceThrottler:
         of the queue (it already waited its turn). ``failed`` is released here, after
         the choice, so that its freed slot is not the first one offered.
         """
+        pod = self._other_pod(failed, may_pick=not self._queue)
+        first: Grant | Waiter
+        if pod is not None:
+            first = self._grant(pod)
+        else:
+            first = Waiter(now)  # first of the highest class: it already waited its turn
+            self._queue.push_front(first)
+        self._release(failed, now, answered=False)
+        return first, self._effects()
+
+    def _other_pod(self, failed: Grant, may_pick: bool) -> Pickable | None:
+        """For a retry: a free pod other than ``failed``'s, if ``may_pick`` (nobody is in
+        line before the request), or None. ``failed`` is not given back here."""
         if failed.released:
             raise InvariantViolation(f"retry of a grant on {failed.pod.address} given back already")
         excluded = failed.pod
@@ -400,25 +428,17 @@ class ServiceThrottler:
         was_available = excluded in self.policy
         if was_available:
             self.policy.discard(excluded)
-        pod = self.policy.pick() if not self._queue else None
+        pod = self.policy.pick() if may_pick else None
         if was_available:
             self._refresh(excluded)
-        first: Grant | Waiter
-        if pod is not None:
-            first = self._grant(pod)
-        else:
-            first = Waiter(now)
-            self._queue[first] = None
-            self._queue.move_to_end(first, last=False)
-        self._release(failed, now, answered=False)
-        return first, self._effects()
+        return pod
 
     def abandon(self, waiter: Waiter) -> Grant | None:
         """The waiter gives up (timeout, client gone). Returns its grant if it got one
         meanwhile (the caller releases it)."""
         if waiter.grant is not None:
             return waiter.grant
-        self._queue.pop(waiter, None)
+        self._queue.remove(waiter)
         return None
 
     def open_tunnel(self, grant: Grant) -> None:
@@ -494,7 +514,7 @@ class ServiceThrottler:
             tracker.probe_failures = 0
             if tracker.state is PENDING and tracker.probe_passes >= probe.healthy_after:
                 self._fire(tracker, PodEvent.PROBE_PASSED, now, f"probe passed {tracker.probe_passes} times")
-                self._dispatch()  # its slots go to the waiters at once
+                self._dispatch(now)  # its slots go to the waiters at once
         elif verdict is Verdict.FAIL:
             tracker.probe_failures += 1
             tracker.probe_passes = 0
@@ -543,8 +563,13 @@ class ServiceThrottler:
 
     def oldest_wait(self, now: float) -> float:
         """How long the oldest waiter has waited (0 when nobody waits)."""
-        oldest = next(iter(self._queue), None)
-        return now - oldest.enqueued_at if oldest is not None else 0.0
+        oldest = self._queue.oldest_arrival()
+        return now - oldest if oldest is not None else 0.0
+
+    @property
+    def queue(self) -> WaitQueue:
+        """The waiters (read-only views for /status and the metrics)."""
+        return self._queue
 
     def snapshot(self, now: float) -> dict[str, Any]:
         """The service as /status shows it."""
@@ -585,6 +610,13 @@ class ServiceThrottler:
             "queued": len(self._queue),
             "queue_depth": self.config.queue_depth,
             "oldest_wait_seconds": round(self.oldest_wait(now), 3),
+            **queue_view(
+                self._queue,
+                list(self.config.priority.classes) if self.config.priority is not None else None,
+                self.config.fair_by is not None,
+                self.sheds,
+                now,
+            ),
             "pods": pods,
         }
 
@@ -607,8 +639,9 @@ class ServiceThrottler:
             self._fail("contended while a pod has a free slot (it should be lent)")
         if self._queue and self.shared:
             self._fail("a local queue in shared mode")
-        if any(waiter.grant is not None for waiter in self._queue):
+        if any(not isinstance(w, Waiter) or w.grant is not None for w in self._queue):
             self._fail("a queued waiter already holds a grant")
+        self._queue.check_invariants()
         if self._woken or self._transitions or self._lent:
             self._fail("effects left in the outbox after a call")
 
@@ -675,11 +708,12 @@ class ServiceThrottler:
             self._fire(pod, PodEvent.LAST_RELEASED, now, "last request released")
         else:
             self._refresh(pod)
-        self._dispatch()
+        self._dispatch(now)
 
-    def _dispatch(self) -> None:
-        """Hand free slots to the oldest waiters, as many as there are free slots (shared
-        mode: to the exchange, while contended)."""
+    def _dispatch(self, now: float = -math.inf) -> None:
+        """Hand free slots to the next waiters, as many as there are free slots (shared
+        mode: to the exchange, while contended). ``now`` is for the queue's starvation
+        bound (without it, nobody counts as starving)."""
         if self.contended:
             while (pod := self.policy.pick()) is not None:
                 grant = self._grant(pod, request=False)
@@ -691,15 +725,15 @@ class ServiceThrottler:
             pod = self.policy.pick()
             if pod is None:
                 return
-            waiter, _ = queue.popitem(last=False)
+            waiter = queue.pop(now)
+            assert isinstance(waiter, Waiter)
             grant = waiter.grant = self._grant(pod)
             grant.queued = True
             self._woken.append(waiter)
 
     def _redirect_all(self) -> None:
-        queue = self._queue
-        while queue:
-            waiter, _ = queue.popitem(last=False)
+        for waiter in self._queue.drain():
+            assert isinstance(waiter, Waiter)
             waiter.redirected = True
             self._woken.append(waiter)
 
@@ -715,6 +749,12 @@ class ServiceThrottler:
         """Follow the pods' listing changes (``core.config.pod_changes``), then the settings."""
         old_probe = old.probe if old is not None else config.probe
         self.config = config
+        #: How a request of this service gets its class and tenant (``core.priority``).
+        self.classifier = Classifier(config)
+        policy = queue_policy(config)
+        if policy.classes != len(self.sheds):
+            self.sheds = [0] * policy.classes
+        self._queue.reshape(policy, config.queue_depth)
         self._capacity_stale = True
         cc = config.container_concurrency
         shared = self.sharing and cc > 0
@@ -742,7 +782,7 @@ class ServiceThrottler:
             else:
                 tracker.slots = owned.get(tracker.address, 0)
             self._refresh(tracker)
-        self._dispatch()
+        self._dispatch(now)
         return self._effects()
 
     def _apply_listing(self, address: str, after: Listing, now: float) -> None:

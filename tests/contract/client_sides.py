@@ -34,11 +34,11 @@ from gevent import socket as gsocket
 from h2.errors import ErrorCodes
 from h2_helpers import H2Client, Stream, listener
 
+from activator.base.exchange import ClientExchange
 from activator.core.config import LimitsConfig
 from activator.core.errors import ActivatorError, ClientGone
 from activator.core.heads import Header
-from activator.engine import EXCHANGE, HttpServer
-from activator.exchange import ClientExchange
+from activator.front.engine import EXCHANGE, HttpServer
 
 #: Seconds a test waits for something that should happen at once (only to turn a hang
 #: into a failure).

@@ -34,13 +34,13 @@ from h2.errors import ErrorCodes
 from h2_pod import H2Pod, PodRequest
 from upstream_backend import RawBackend, ReceivedRequest, RequestReader, listener, reset
 
-from activator import exchange
+from activator.base import exchange
+from activator.base.exchange import InterimCallback, PodResponse
 from activator.core.errors import ActivatorError
 from activator.core.heads import BodyFraming, Header
 from activator.core.timeouts import Timeouts
-from activator.exchange import InterimCallback, PodResponse
-from activator.upstream import UpstreamPool
-from activator.upstream_h2 import H2PodPool
+from activator.pods.h2c import H2PodPool
+from activator.pods.http1 import UpstreamPool
 
 #: Seconds a pod or a test waits for something that should happen at once (only to turn
 #: a hang into a failure).

@@ -33,9 +33,9 @@ import pytest
 from client_sides import BOUND, SIDES, ClientSide, wait_for
 from gevent import socket as gsocket
 
+from activator.base.exchange import ClientExchange
 from activator.core.errors import BodyTooLarge, ClientGone, ClientTimeout, QueueFull, QueueTimeout
 from activator.core.heads import BodyFraming, Header
-from activator.exchange import ClientExchange
 
 #: How long a handler waits, after ``cut()``, for its client to see the cut.
 CUT_SEEN_BOUND = 2.0

@@ -29,7 +29,16 @@ from hypothesis import strategies as st
 
 from activator.core import slotexchange as wire
 from activator.core import slots as slot_division
-from activator.core.slotexchange import Borrowed, LedgerEffects, QueueIsFull, SlotExchange, Waiting, WorkerLedger
+from activator.core.config import FairBy, PriorityConfig
+from activator.core.slotexchange import (
+    Borrowed,
+    LedgerEffects,
+    QueueIsFull,
+    SlotExchange,
+    Waiting,
+    WasShed,
+    WorkerLedger,
+)
 from activator.core.throttler import Effects, Grant, ServiceThrottler
 
 
@@ -39,7 +48,9 @@ class Request:
     arrival: float
     slot: Grant | Borrowed | None = None
     waiting: Waiting | None = None
-    outcome: str = "new"  # new, running, waiting, done, full, gave-up
+    outcome: str = "new"  # new, running, waiting, done, full, tenant-full, shed, gave-up
+    klass: int = 0
+    tenant: str | None = None
 
 
 @dataclass
@@ -50,11 +61,17 @@ class Fleet:
     pods: list[str]
     cc: int
     queue_depth: int = 100
+    #: With classes (``critical``, ``standard``, ``sheddable``) and tenants (a header).
+    classed: bool = False
     exchange: SlotExchange = field(default_factory=SlotExchange)
     clock: float = 0.0
 
     def __post_init__(self) -> None:
-        config = svc(*self.pods, cc=self.cc, probe=None, queue_depth=self.queue_depth)
+        policy: dict[str, object] = {}
+        if self.classed:
+            priority = PriorityConfig(("critical", "standard", "sheddable"), "standard", max_starvation=20.0)
+            policy = {"priority": priority, "fair_by": FairBy("x-tenant"), "tenant_queue_share": 0.5}
+        config = svc(*self.pods, cc=self.cc, probe=None, queue_depth=self.queue_depth, **policy)
         division = slot_division.divide_slots({p: self.cc for p in self.pods}, [str(w) for w in range(self.workers)])
         self.throttlers = [
             ServiceThrottler(config, 0.0, owned=division[str(w)], sharing=True) for w in range(self.workers)
@@ -66,6 +83,7 @@ class Fleet:
         for w in range(self.workers):
             self.to_hub[w].extend(self.ledgers[w].hello())
         self.served_order: list[float] = []
+        self.served: list[Request] = []  # the requests that waited, in the order they got a slot
 
     # -- the shell's part, as sharing.py does it --------------------------------------
 
@@ -91,21 +109,24 @@ class Fleet:
             self.act(w, keep.effects)
             request.waiting = None
             if isinstance(waiting.outcome, QueueIsFull):
-                request.outcome = "full"
+                request.outcome = "full" if waiting.outcome.reason == "queue-full" else "tenant-full"
+            elif isinstance(waiting.outcome, WasShed):
+                request.outcome = "shed"
             else:
                 assert isinstance(waiting.outcome, Grant | Borrowed), waiting.outcome
                 request.slot, request.outcome = waiting.outcome, "running"
                 self.served_order.append(request.arrival)
+                self.served.append(request)
 
-    def arrive(self, w: int) -> Request:
+    def arrive(self, w: int, klass: int = 0, tenant: str | None = None) -> Request:
         self.clock += 1
-        request = Request(w, self.clock)
+        request = Request(w, self.clock, klass=klass, tenant=tenant)
         self.requests.append(request)
         grant = self.throttlers[w].acquire_here()
         if grant is not None:
             request.slot, request.outcome = grant, "running"
         else:
-            waiting, messages = self.ledgers[w].enqueue(self.throttlers[w], request.arrival)
+            waiting, messages = self.ledgers[w].enqueue(self.throttlers[w], request.arrival, klass, tenant)
             waiting.token = request
             request.waiting, request.outcome = waiting, "waiting"
             self.to_hub[w].extend(messages)
@@ -130,7 +151,7 @@ class Fleet:
 
     def deliver_to_hub(self, w: int) -> None:
         message = self.to_hub[w].popleft()
-        for recipient, answer in self.exchange.receive(message):
+        for recipient, answer in self.exchange.receive(message, self.clock):
             targets = range(self.workers) if recipient is None else [recipient]
             for target in targets:
                 self.to_worker[target].append(answer)
@@ -406,6 +427,9 @@ def test_messages_survive_the_wire() -> None:
         wire.Lend(1, 2, "api", 0, 7, "10.0.0.1:80"),
         wire.Decline(0, "api", 7, "connect"),
         wire.Full(1, 3),
+        wire.Full(1, 3, "tenant-queue-full"),
+        wire.Shed(1, 4),
+        wire.Enqueue(1, "api", 4, 12.5, 100, 2, "key", [3, True, 50, None]),
         wire.Contended("api", True),
         wire.Reserved("api", 7, "10.0.0.1:80"),
         wire.Oldest(1, "api", 12.5),
@@ -417,3 +441,98 @@ def test_messages_survive_the_wire() -> None:
     ]
     for message in messages:
         assert wire.decode(wire.encode(message)) == message
+
+
+# -- classes and tenants across workers -------------------------------------------------------
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    workers=st.integers(2, 3),
+    n_pods=st.integers(1, 2),
+    queue_depth=st.integers(1, 6),
+    script=st.lists(
+        st.tuples(
+            st.sampled_from(["arrive", "finish", "give-up", "to-hub", "to-worker"]),
+            st.integers(0, 50),
+            st.integers(0, 2),
+            st.sampled_from("ab"),
+        ),
+        max_size=150,
+    ),
+)
+def test_a_classed_queue_across_workers_keeps_limits_and_serves_everyone(
+    workers: int, n_pods: int, queue_depth: int, script: list[tuple[str, int, int, str]]
+) -> None:
+    fleet = Fleet(workers, PODS[:n_pods], 1, queue_depth, classed=True)
+    fleet.check()
+    for action, pick, klass, tenant in script:
+        if action == "arrive":
+            fleet.arrive(pick % workers, klass, tenant)
+        elif action == "finish":
+            running = [r for r in fleet.requests if r.outcome == "running"]
+            if running:
+                fleet.finish(running[pick % len(running)])
+        elif action == "give-up":
+            waiting = [r for r in fleet.requests if r.outcome == "waiting"]
+            if waiting:
+                fleet.give_up(waiting[pick % len(waiting)])
+        else:
+            queues = fleet.to_hub if action == "to-hub" else fleet.to_worker
+            busy = [w for w in range(workers) if queues[w]]
+            if busy:
+                w = busy[pick % len(busy)]
+                (fleet.deliver_to_hub if action == "to-hub" else fleet.deliver_to_worker)(w)
+        fleet.check()
+    fleet.drain()
+    fleet.check_settled()
+
+
+def test_across_workers_the_highest_class_goes_first_and_tenants_take_turns() -> None:
+    fleet = Fleet(2, PODS[:1], 1, queue_depth=10, classed=True)  # one slot, owned by one worker
+    settle(fleet)
+    busy = fleet.arrive(next(w for w in range(2) if fleet.throttlers[w].capacity))
+    assert busy.outcome == "running"
+    settle(fleet)
+    waiting = [
+        fleet.arrive(0, 2, "a"),
+        fleet.arrive(1, 2, "a"),
+        fleet.arrive(0, 2, "b"),
+        fleet.arrive(1, 0, "a"),
+    ]
+    settle(fleet)
+    fleet.finish(busy)
+    settle(fleet)
+    while any(r.outcome == "waiting" for r in fleet.requests):
+        fleet.finish(next(r for r in fleet.requests if r.outcome == "running"))
+        settle(fleet)
+    assert fleet.served == [waiting[3], waiting[0], waiting[2], waiting[1]]
+    order = [(r.klass, r.tenant) for r in fleet.served]
+    assert order == [(0, "a"), (2, "a"), (2, "b"), (2, "a")]
+    fleet.drain()
+    fleet.check_settled()
+
+
+def test_across_workers_a_full_queue_sheds_another_workers_waiter_and_a_tenant_is_capped() -> None:
+    fleet = Fleet(2, PODS[:1], 1, queue_depth=2, classed=True)  # tenant cap: 1
+    settle(fleet)
+    busy = fleet.arrive(next(w for w in range(2) if fleet.throttlers[w].capacity))
+    assert busy.outcome == "running"
+    low = fleet.arrive(0, 2, "a")
+    settle(fleet)
+    capped = fleet.arrive(1, 1, "a")
+    settle(fleet)
+    assert capped.outcome == "tenant-full"
+    other = fleet.arrive(1, 2, "b")
+    settle(fleet)
+    urgent = fleet.arrive(1, 0, "c")
+    settle(fleet)
+    assert (other.outcome, low.outcome, urgent.outcome) == ("shed", "waiting", "waiting")
+    full = fleet.arrive(0, 2, "d")
+    settle(fleet)
+    assert full.outcome == "full"
+    fleet.finish(busy)
+    settle(fleet)
+    assert urgent.outcome == "running"
+    fleet.drain()
+    fleet.check_settled()

@@ -25,14 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from activator.core import slots
-from activator.core.slots import (
-    Division,
-    check_division,
-    divide_slots,
-    moved_slots,
-    owned_slots,
-    score,
-)
+from activator.core.slots import Division, check_division, divide_slots, moved_slots, owned_slots, score
 
 # --------------------------------------------------------------------------- helpers
 

@@ -9,15 +9,7 @@ from typing import Any
 import pytest
 from builders import expect, pod, svc
 
-from activator.core.config import (
-    ActivatorsConfig,
-    Address,
-    Config,
-    PodConfig,
-    ProbeConfig,
-    ServiceConfig,
-    diff_configs,
-)
+from activator.core.config import ActivatorsConfig, Address, Config, PodConfig, ProbeConfig, ServiceConfig, diff_configs
 from activator.core.errors import UnknownHost
 from activator.core.events import ConfigChanged, PeerChecked, ProbeReport, Tick, TransportFailure
 from activator.core.failures import FailureKind

@@ -50,7 +50,7 @@ from harness import (
 )
 
 from activator import __version__
-from activator.signals import DUPLICATE_SIGNAL_SECONDS
+from activator.process.signals import DUPLICATE_SIGNAL_SECONDS
 
 pytestmark = pytest.mark.binary
 
@@ -59,7 +59,7 @@ pytestmark = pytest.mark.binary
 appliance_config = partial(make_config, lb_policy="first-available", queue_timeout="60s", top={"grace_period": "60s"})
 
 # The held upload's parts: the proxy reads up to 64 KiB of a request body before it
-# sends the head to the pod (activator/upstream.py), so the first part is larger.
+# sends the head to the pod (activator/pods/http1.py), so the first part is larger.
 FIRST_PART = b"x" * (256 * 1024)
 LAST_PART = b"y" * 1000
 

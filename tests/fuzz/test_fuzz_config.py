@@ -24,9 +24,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from activator.configfile import load_config
 from activator.core.config import Config
 from activator.core.errors import ConfigError
+from activator.process.configfile import load_config
 
 CORPUS = Path(__file__).resolve().parent / "corpus" / "config"
 FILES = sorted(CORPUS.glob("*.yaml"))

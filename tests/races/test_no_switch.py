@@ -24,7 +24,8 @@ from builders import svc
 from gevent.event import Event
 from noswitch import Switched, no_switch
 
-from activator import gate
+from activator.base import gate
+from activator.base.writer import Actor, TopologyWriter
 from activator.core.config import Config, ProbeConfig, ServiceConfig, diff_configs
 from activator.core.errors import QueueFull
 from activator.core.events import ConfigChanged, ProbeReport, Tick, TransportFailure
@@ -34,7 +35,6 @@ from activator.core.probes import Verdict
 from activator.core.states import PodState
 from activator.core.throttler import Effects, Grant, ServiceThrottler, Transition, Waiter
 from activator.core.topology import Topology
-from activator.writer import Actor, TopologyWriter
 
 A, B = "10.0.0.1:8000", "10.0.0.2:8000"
 EJECT_AT_ONCE = ProbeConfig(healthy_after=1, unhealthy_after=1)

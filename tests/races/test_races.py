@@ -1,5 +1,7 @@
-"""Races (DESIGN.md tier 2): greenlets through ``activator.gate``, interleaved with
-topology changes by ``gevent.sleep(0)`` / ``gevent.idle()`` steps only.
+"""Races (DESIGN.md tier 2): greenlets through ``activator.base.gate`` and the proxy's own
+``Lease`` (``activator.proxy.responder``: the request's one owner of its slot, whose
+release lets a woken waiter run first), interleaved with topology changes by
+``gevent.sleep(0)`` / ``gevent.idle()`` steps only.
 
 Ordering never depends on the wall clock; a wall-clock timeout only bounds a test so
 that a bug shows as a failure, not a hang (and a queue timeout, where timing out is the
@@ -27,7 +29,8 @@ import pytest
 from builders import Move, moves, pod, svc
 from gevent.event import Event
 
-from activator import gate, hangup
+from activator.base import gate
+from activator.base.writer import Actor, TopologyWriter
 from activator.core.config import Config, ProbeConfig, diff_configs
 from activator.core.errors import ClientGone, QueueFull, QueueTimeout
 from activator.core.events import ConfigChanged, ProbeReport
@@ -35,7 +38,8 @@ from activator.core.probes import Verdict
 from activator.core.states import PodEvent, PodState
 from activator.core.throttler import Effects, Grant, ServiceThrottler, Transition, Waiter
 from activator.core.topology import Topology
-from activator.writer import Actor, TopologyWriter
+from activator.front import hangup
+from activator.proxy.responder import Lease
 
 A, B, C = "10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"
 P, H, D, R = PodState.PENDING, PodState.HEALTHY, PodState.DRAINING, PodState.REMOVED
@@ -84,14 +88,18 @@ class Recorder:
 
 
 class Shell:
-    """One service's throttler with the shell's actor, used as the proxy uses them:
-    every call's effects go to ``act`` (and the construction's too)."""
+    """One service's throttler with the shell's actor and the one writer, used as the proxy
+    uses them: every call's effects go to ``act`` (and the construction's too)."""
 
-    def __init__(self, throttler: ServiceThrottler, actor: Actor | None = None) -> None:
-        self.throttler = throttler
+    def __init__(self, topology: Topology, host: str, actor: Actor | None = None) -> None:
+        self.throttler = topology.route(host)
         self.recorder = Recorder()
         self.actor = actor or Actor(self.recorder)
-        self.act(throttler.initial_effects)
+        #: The writer a ``Lease`` posts its transport failures to (its steps are applied
+        #: by the test itself, not by its greenlet).
+        self.writer = TopologyWriter(topology, self.actor)
+        if actor is None:
+            self.act(topology.initial_effects)
 
     def act(self, effects: Effects) -> Effects:
         self.actor.act(effects)
@@ -118,7 +126,8 @@ class Shell:
 
 
 def service(config: Any) -> Shell:
-    return Shell(ServiceThrottler(config, now()))
+    topology = Topology(Config(path="races.yaml", services={config.name: config}), now())
+    return Shell(topology, config.hosts[0])
 
 
 def admitted(address: str) -> Move:
@@ -199,13 +208,14 @@ class Request:
         except (QueueFull, QueueTimeout, ClientGone) as e:
             self.outcome = type(e).__name__
             return
-        if grant.queued and self.client is not None and self.client.client_gone():
+        lease = Lease(shell.throttler, grant, shell.actor, shell.writer)
+        if lease.waited and self.client is not None and self.client.client_gone():
             # As the proxy does before sending a request that waited.
-            shell.release(grant)
+            lease.release()
             self.outcome = "ClientGone"
             return
         self.grant = grant
-        address = grant.pod.address
+        address = lease.pod
         self.pods.start(address, self.rid)
         if self.on_start is not None:
             self.on_start(grant)
@@ -217,7 +227,7 @@ class Request:
                 gevent.sleep(0)
         finally:
             self.pods.stop(address)
-            shell.release(grant)
+            lease.release()
             self.outcome = "done"
 
 
@@ -346,9 +356,8 @@ def test_listing_flaps_under_load_never_exceed_cc(seed: int) -> None:
     recorder = Recorder()
     actor = Actor(recorder)
     actor.act(topo.initial_effects)
-    writer = TopologyWriter(topo, actor)  # its steps are applied here, not by its greenlet
-    t = topo.route("api.example.com")
-    s = Shell(t, actor)
+    s = Shell(topo, "api.example.com", actor)
+    writer, t = s.writer, s.throttler
 
     def reconfigure(config: Config) -> None:
         writer.apply(ConfigChanged(config, diff_configs(topo.config, config)))
