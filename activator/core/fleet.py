@@ -10,11 +10,15 @@ health are ``core.peering``'s):
   (activator level) and the siblings' views (worker level), and what moved to it and
   is still held for its old holder (``core.peering.HandOvers``) is taken off: the rest
   is what the throttler may use (``usable``).
-- **Hand-over planning.** On a new file, every pod whose share here grows is held
-  until each holder whose share of it shrank (a peer, a sibling, a peer that left the
-  file) answered a check with ``in use <= its new share``, or was waited out; on a
-  view whose cap lifts, until that view's issuer answered. The first file of a process
-  moves nothing.
+- **Hand-over planning.** On a new file (or a view that changes our share), every pod
+  is planned against the holders that may run more of it than they may now (each with
+  the share it must come down to and how far above it it may be: ``peering.Holder``):
+  a holder (peer, sibling) whose share shrank, a peer that left the file, an issuer
+  whose cap lifted; what came here, plus the slots that vanished (a cc that fell), waits
+  for their answers or is waited out. A peer that left is asked (with the secret and
+  our name of the file it left) until it answers with nothing in use, refuses, or is
+  waited out. A process that starts waits for its peers and siblings
+  (``hand_over_at_start``); the first file of ``check`` moves nothing.
 - **Forwards.** A service whose slots this activator owns none of is forwarded to an
   owner that is not down, the same one for as long as it stays up (rendezvous order);
   when every owner is down, the request is answered 503 ``peer-unavailable``. An

@@ -17,14 +17,16 @@ it lent included) and its usable capacity per service. This module decides:
   share comes out of ours) is obeyed before our own file catches up, and one being
   removed, which never gets the new file, obeys the others. A peer's latest view
   replaces its previous one; the views of processes no longer listed are dropped.
-- **Hand-over.** A slot that moves to this process (its usable share of a pod grows)
-  is used only once every peer whose share of that pod shrank, or whose cap lifted,
-  and every peer removed from the file, has answered a check made after the change with
-  ``in use <= its share now`` (``HandOvers``): then it no longer runs a request on that
-  slot. A peer that cannot be asked is waited out: the longest life a request on the slot
-  can have (``request_timeout`` plus the grace period); without a ``request_timeout``
-  only an answer releases it. A new pod, a higher cc and the first configuration a
-  process starts with move nothing and need no hand-over.
+- **Hand-over.** Before a slot of a pod is used, what every holder may run on it adds
+  up to less than its cc (``HandOvers``): a holder whose share of the pod shrank (a slot
+  moved away, or vanished with a lower cc), that left the file, or whose cap lifted may
+  still run requests above its new share until it answers a check made after the
+  change; the slots that came here (and those that vanished) are held until its answer
+  shows ``in use <= its share now`` (fewer in use releases as many). A peer whose port
+  refuses runs nothing: that is an answer. A peer that cannot be asked is waited out:
+  the longest life a request on the slot can have (``request_timeout`` plus the grace
+  period); without a ``request_timeout`` only an answer releases it. A new pod and a
+  higher cc need no hand-over; a process that starts waits for its peers and siblings.
 - **Health.** A peer that does not answer ``unhealthy_after`` checks in a row is
   ``down``; one answer brings it back ``up`` (``PeerHealth``). Its slots are not taken
   over while it is down (a network split would overload the pods): removing it from the
