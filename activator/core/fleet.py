@@ -10,11 +10,15 @@ health are ``core.peering``'s):
   (activator level) and the siblings' views (worker level), and what moved to it and
   is still held for its old holder (``core.peering.HandOvers``) is taken off: the rest
   is what the throttler may use (``usable``).
-- **Hand-over planning.** On a new file, every pod whose share here grows is held
-  until each holder whose share of it shrank (a peer, a sibling, a peer that left the
-  file) answered a check with ``in use <= its new share``, or was waited out; on a
-  view whose cap lifts, until that view's issuer answered. The first file of a process
-  moves nothing.
+- **Hand-over planning.** On a new file (or a view that changes our share), every pod
+  is planned against the holders that may run more of it than they may now (each with
+  the share it must come down to and how far above it it may be: ``peering.Holder``):
+  a holder (peer, sibling) whose share shrank, a peer that left the file, an issuer
+  whose cap lifted; what came here, plus the slots that vanished (a cc that fell), waits
+  for their answers or is waited out. A peer that left is asked (with the secret and
+  our name of the file it left) until it answers with nothing in use, refuses, or is
+  waited out. A process that starts waits for its peers and siblings
+  (``hand_over_at_start``); the first file of ``check`` moves nothing.
 - **Forwards.** A service whose slots this activator owns none of is forwarded to an
   owner that is not down, the same one for as long as it stays up (rendezvous order);
   when every owner is down, the request is answered 503 ``peer-unavailable``. An
@@ -37,7 +41,17 @@ from typing import Any
 from . import slots as slot_division
 from .config import Config, ServiceConfig
 from .errors import PeerUnavailable
-from .peering import ACTIVATOR_SCOPE, WORKER_SCOPE, Answer, HandOvers, PeerHealth, PeerState, PodCounts, capped
+from .peering import (
+    ACTIVATOR_SCOPE,
+    WORKER_SCOPE,
+    Answer,
+    HandOvers,
+    Holder,
+    PeerHealth,
+    PeerState,
+    PodCounts,
+    capped,
+)
 
 
 @dataclass(frozen=True)
@@ -50,12 +64,28 @@ class Forward:
 
 @dataclass(frozen=True)
 class CheckTarget:
-    """Check ``name`` at ``address`` with ``view`` (what we believe its shares are)."""
+    """Check ``name`` at ``address`` with ``view`` (what we believe its shares are), as
+    ``sender``, proved with ``secret`` (None: the siblings' secret, which the shell keeps;
+    for a peer, None only when no secret is in force: no check then)."""
 
     name: str
     address: str
     scope: str
     view: PodCounts
+    sender: str = ""
+    secret: str | None = field(default=None, repr=False)
+
+
+@dataclass(frozen=True)
+class Departed:
+    """A peer that left the file, still asked (at ``address``, with the ``secret`` and our
+    ``name`` of the file it left) until it runs nothing of the slots that moved."""
+
+    address: str
+    secret: str | None = field(repr=False)
+    name: str
+    #: When it is waited out (the longest life of a request it may run; None: never).
+    until: float | None = None
 
 
 @dataclass(frozen=True)
@@ -104,7 +134,10 @@ class Fleet:
         self.views: dict[str, PodCounts] = {}
         self.health: dict[str, PeerHealth] = {}
         #: Peers that left the file, still checked until nothing of theirs is in use.
-        self.departed: dict[str, str] = {}
+        self.departed: dict[str, Departed] = {}
+        #: This activator's name, kept from the last file that named it (a file back to
+        #: one activator may have no ``activators`` section: the leavers are asked as it).
+        self.name = ""
         self.handovers = HandOvers()
         #: (service, pod) -> the issuers whose views capped it here and lifted since: they
         #: answer before a gain of it is used.
@@ -116,8 +149,7 @@ class Fleet:
 
     @property
     def me(self) -> str:
-        peers = self.config.activators if self.config is not None else None
-        return peers.self_name if peers is not None else ""
+        return self.name
 
     def configure(self, config: Config, now: float) -> None:
         """A new file: peers come, stay or leave (a leaving peer is still asked)."""
@@ -125,11 +157,14 @@ class Fleet:
         new = config.activators
         self.config = config
         peers = dict(new.peers) if new is not None and len(new.peers) > 1 else {}
-        me = new.self_name if new is not None else ""
+        if new is not None:
+            self.name = new.self_name
+        me = self.name
         if old is not None:
+            until = _longest_life(config, now)
             for name, address in old.peers.items():
                 if name != me and name not in peers and self.shares:
-                    self.departed[name] = str(address)
+                    self.departed[name] = Departed(str(address), old.secret, old.self_name, until)
         for name in list(self.health):
             if name not in peers and name not in self.departed:
                 del self.health[name]
@@ -144,7 +179,11 @@ class Fleet:
                 health.address = str(address)
         for issuer in list(self.views):
             if not self._valid_issuer(issuer):
-                del self.views[issuer]
+                # Its caps lift: a slot one of them held from us waits for it (a leaver
+                # is still asked; one forgotten runs nothing).
+                for service_name, caps in self.views.pop(issuer).items():
+                    for pod in caps:
+                        self.lifted.setdefault((service_name, pod), set()).add(issuer)
 
     def _valid_issuer(self, issuer: str) -> bool:
         if issuer.startswith("worker "):
@@ -163,12 +202,17 @@ class Fleet:
         deadline = None if service.request_timeout is None else now + service.request_timeout + grace
         if old is not None and old.mine is not None and new.mine is not None:
             self._plan(service.name, old, new, now, deadline)
-        elif old is None and self.hand_over_at_start and new.mine is not None and new.activators:
-            # New here (a start, or a service added): the peers may run requests on what is
-            # ours by this file (theirs by an older one): each answers first, with what it
-            # runs at or under its share by ours (a peer whose port refuses runs nothing).
+        elif old is None and self.hand_over_at_start and new.mine is not None and (new.activators or new.workers):
+            # New here (a start, a worker restarted, or a service added): the peers and the
+            # siblings may run requests on what is ours by this file (theirs by an older
+            # one, or above a share that fell while this worker was away): each answers
+            # first, with what it runs at or under its share by ours (a peer whose port
+            # refuses runs nothing).
             for pod, share in new.mine.items():
-                holders = {name: new.activators.get(name, {}).get(pod, 0) for name in self.health}
+                holders = {name: Holder(new.activators.get(name, {}).get(pod, 0), share) for name in self.health}
+                for sibling, shares in new.workers.items():
+                    if sibling != self.me_worker:
+                        holders[sibling] = Holder(shares.get(pod, 0), share)
                 self.handovers.plan(service.name, pod, share, holders, now, deadline)
         return self.usable(service.name)
 
@@ -227,12 +271,14 @@ class Fleet:
             shares.capped_by += _below(division[str(self.worker_index)], caps)
         return shares
 
-    def _holders(self, service: str, old: Shares, new: Shares, pod: str) -> dict[str, int]:
-        """Who must answer before more of ``pod`` is used here, each with the share it must
-        be at or under: every holder (peer, leaver, sibling) whose share of it shrank in
-        our file, every peer that left the file, and every peer whose view capped it here
-        and lifted since (it may still run requests on the slot)."""
-        holders: dict[str, int] = {}
+    def _holders(self, service: str, old: Shares, new: Shares, pod: str, gained: int) -> dict[str, Holder]:
+        """The holders of ``pod`` that may run more of it than they may now, each with the
+        share it must come down to and how far above it it may be: every holder (peer,
+        leaver, sibling) whose share of it shrank in our file (by what it lost: a cc that
+        falls takes slots that may still be in use), and, when ours grew (``gained``),
+        every peer whose view capped it here and lifted since (it may still run requests
+        on the slot)."""
+        holders: dict[str, Holder] = {}
         for before_all, after_all, me in (
             (old.activators, new.activators, self.me),
             (old.workers, new.workers, self.me_worker),
@@ -243,13 +289,16 @@ class Fleet:
                 before = before_all.get(holder, {}).get(pod, 0)
                 after = after_all.get(holder, {}).get(pod, 0)
                 if before > after:
-                    holders[holder] = after
-        for name in self.departed:
-            holders[name] = 0
-        for name in self.lifted.pop((service, pod), set()):
-            if self._valid_issuer(name) or name in self.departed:  # (one forgotten since: gone)
-                level = new.workers if name.startswith("worker ") else new.activators
-                holders.setdefault(name, level.get(name, {}).get(pod, 0))
+                    holders[holder] = Holder(after, before - after)
+        if gained > 0:
+            # A peer that left may run requests on what comes to us now (it is asked until
+            # it runs nothing, or is waited out).
+            for name in self.departed:
+                holders.setdefault(name, Holder(0, gained))
+            for name in self.lifted.pop((service, pod), set()):
+                if self._valid_issuer(name) or name in self.departed:  # (one forgotten since: gone)
+                    level = new.workers if name.startswith("worker ") else new.activators
+                    holders.setdefault(name, Holder(level.get(name, {}).get(pod, 0), gained))
         return holders
 
     def _plan(
@@ -262,13 +311,16 @@ class Fleet:
     ) -> None:
         assert old.mine is not None and new.mine is not None
         for pod, share in new.mine.items():
-            before = old.mine.get(pod, 0)
-            if share > before:
-                self.handovers.plan(service, pod, share - before, self._holders(service, old, new, pod), now, deadline)
-            elif share < before:
-                self.handovers.shrink(service, pod, share)
+            gained = share - old.mine.get(pod, 0)
+            holders = self._holders(service, old, new, pod, gained)
+            cap = (
+                max(0, gained)
+                + _vanished(old.activators, new.activators, pod)
+                + _vanished(old.workers, new.workers, pod)
+            )
+            self.handovers.plan(service, pod, share, holders, now, deadline, cap)
         for pod in set(old.mine) - set(new.mine):
-            self.handovers.shrink(service, pod, 0)
+            self.handovers.plan(service, pod, 0, {}, now, deadline)
 
     # -- events ------------------------------------------------------------------------
 
@@ -345,12 +397,14 @@ class Fleet:
         return released
 
     def expire(self, now: float) -> set[str]:
-        """Hand-overs waited out: the services to re-apply. Leavers nobody waits on go."""
+        """Hand-overs waited out: the services to re-apply. Leavers waited out go (nobody
+        waits on them any more)."""
         released = self.handovers.expire(now)
         waited_on = self.handovers.waiting_on()
-        for peer in [p for p in self.departed if p not in waited_on]:
-            del self.departed[peer]
-            self.health.pop(peer, None)
+        for peer, departed in list(self.departed.items()):
+            if peer not in waited_on and departed.until is not None and now >= departed.until:
+                del self.departed[peer]
+                self.health.pop(peer, None)
         return released
 
     def take_changes(self) -> list[PeerChange]:
@@ -389,15 +443,22 @@ class Fleet:
     def check_targets(self, worker_addresses: tuple[str, ...]) -> list[CheckTarget]:
         """Whom to check, each with our view of its shares."""
         targets: list[CheckTarget] = []
+        peers = self.config.activators if self.config is not None else None
         for name, health in sorted(self.health.items()):
             view = {s: self._view_of(shares.pods, shares.activators.get(name, {})) for s, shares in self.shares.items()}
-            targets.append(CheckTarget(name, health.address, ACTIVATOR_SCOPE, _limited(view, self.shares)))
+            departed = self.departed.get(name)
+            if departed is not None:
+                sender, secret = departed.name, departed.secret
+            else:
+                sender, secret = self.me, peers.secret if peers is not None else None
+            limited = _limited(view, self.shares)
+            targets.append(CheckTarget(name, health.address, ACTIVATOR_SCOPE, limited, sender, secret))
         for index, address in enumerate(worker_addresses):
             name = worker_name(index)
             if index == self.worker_index:
                 continue
             view = {s: self._view_of(shares.pods, shares.workers.get(name, {})) for s, shares in self.shares.items()}
-            targets.append(CheckTarget(name, address, WORKER_SCOPE, _limited(view, self.shares)))
+            targets.append(CheckTarget(name, address, WORKER_SCOPE, _limited(view, self.shares), self.me_worker))
         return targets
 
     @staticmethod
@@ -425,6 +486,22 @@ class Fleet:
             "handover_slots": sum(p["slots"] for p in pending),
             "capped_by": list(shares.capped_by) if shares is not None else [],
         }
+
+
+def _longest_life(config: Config, now: float) -> float | None:
+    """Until when a request started now may run, in any service (None: no limit)."""
+    lives = [service.request_timeout for service in config.services.values()]
+    if any(life is None for life in lives):
+        return None
+    return now + max((life for life in lives if life is not None), default=0.0) + config.grace_period
+
+
+def _vanished(before: Mapping[str, Mapping[str, int]], after: Mapping[str, Mapping[str, int]], pod: str) -> int:
+    """How many fewer slots of ``pod`` the holders have in all (a cc that fell, a share of
+    ours that fell among our workers; 0 when the pod is gone: nobody uses it)."""
+    total_before = sum(shares.get(pod, 0) for shares in before.values())
+    total_after = sum(shares.get(pod, 0) for shares in after.values())
+    return max(0, total_before - total_after) if total_after else 0
 
 
 def _below(own: Mapping[str, int], caps: Mapping[str, Mapping[str, int]]) -> tuple[str, ...]:

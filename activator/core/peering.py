@@ -17,14 +17,16 @@ it lent included) and its usable capacity per service. This module decides:
   share comes out of ours) is obeyed before our own file catches up, and one being
   removed, which never gets the new file, obeys the others. A peer's latest view
   replaces its previous one; the views of processes no longer listed are dropped.
-- **Hand-over.** A slot that moves to this process (its usable share of a pod grows)
-  is used only once every peer whose share of that pod shrank, or whose cap lifted,
-  and every peer removed from the file, has answered a check made after the change with
-  ``in use <= its share now`` (``HandOvers``): then it no longer runs a request on that
-  slot. A peer that cannot be asked is waited out: the longest life a request on the slot
-  can have (``request_timeout`` plus the grace period); without a ``request_timeout``
-  only an answer releases it. A new pod, a higher cc and the first configuration a
-  process starts with move nothing and need no hand-over.
+- **Hand-over.** Before a slot of a pod is used, what every holder may run on it adds
+  up to less than its cc (``HandOvers``): a holder whose share of the pod shrank (a slot
+  moved away, or vanished with a lower cc), that left the file, or whose cap lifted may
+  still run requests above its new share until it answers a check made after the
+  change; the slots that came here (and those that vanished) are held until its answer
+  shows ``in use <= its share now`` (fewer in use releases as many). A peer whose port
+  refuses runs nothing: that is an answer. A peer that cannot be asked is waited out:
+  the longest life a request on the slot can have (``request_timeout`` plus the grace
+  period); without a ``request_timeout`` only an answer releases it. A new pod and a
+  higher cc need no hand-over; a process that starts waits for its peers and siblings.
 - **Health.** A peer that does not answer ``unhealthy_after`` checks in a row is
   ``down``; one answer brings it back ``up`` (``PeerHealth``). Its slots are not taken
   over while it is down (a network split would overload the pods): removing it from the
@@ -278,17 +280,44 @@ class PeerHealth:
 # -- hand-over -------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Holder:
+    """A holder a hand-over waits on: the ``share`` of the pod it must be at or under,
+    and how many requests above that share it may still run (``excess``) until it
+    answers (or is waited out)."""
+
+    share: int
+    excess: int
+
+
+@dataclass
+class Wait:
+    """One holder of a pending gain: its share and excess (``Holder``), and since when
+    (an answer counts only to a check asked after that)."""
+
+    share: int
+    excess: int
+    since: float
+
+
 @dataclass
 class PendingGain:
-    """Slots of ``pod`` this process may not use yet: ``waiting_on`` maps each peer that
-    may still run requests on them to the share it must be at or under."""
+    """This process's usable share of ``pod`` (``share``) and the holders that may still
+    run requests on it beyond their own shares: ``slots`` of the share are held, the
+    sum of their excesses, at most ``cap`` (what came to us, plus the slots that
+    vanished: see ``HandOvers``) and at most the share."""
 
     service: str
     pod: str
-    slots: int
+    share: int
+    cap: int
     since: float
     deadline: float | None
-    waiting_on: dict[str, int]
+    waiting_on: dict[str, Wait]
+
+    @property
+    def slots(self) -> int:
+        return min(self.share, self.cap, sum(wait.excess for wait in self.waiting_on.values()))
 
     def snapshot(self, now: float) -> dict[str, Any]:
         return {
@@ -301,8 +330,20 @@ class PendingGain:
 
 
 class HandOvers:
-    """The slots that moved to this process and wait for their old holders (see the
-    module docstring). Keyed by (service, pod)."""
+    """The slots of this process's shares that wait for other holders (see the module
+    docstring). Keyed by (service, pod).
+
+    The rule: before a slot of a pod is used, what every holder may run on it adds up
+    to less than its cc. This process's share and the others' shares add up to the cc
+    (exact cover); each holder whose share is smaller than it was, that left, or whose
+    view capped ours and lifted, may still run up to ``excess`` requests above its share
+    until it answers. What they may run beyond their shares is held by the processes
+    that gained those slots (each holds at most its gain), and, when the pod's slots
+    are fewer than before (a cc that falls), the slots that vanished are held by every
+    remaining holder (none of them knows which of the others' requests end first).
+    ``slots`` of ours are held until the holders' answers bring their excesses to zero,
+    or the deadline (the longest life of a request) passes.
+    """
 
     def __init__(self) -> None:
         self.pending: dict[tuple[str, str], PendingGain] = {}
@@ -311,46 +352,55 @@ class HandOvers:
         self,
         service: str,
         pod: str,
-        gained: int,
-        holders: Mapping[str, int],
+        share: int,
+        holders: Mapping[str, Holder],
         now: float,
         deadline: float | None,
+        cap: int | None = None,
     ) -> None:
-        """``gained`` more slots of ``pod``, held until each of ``holders`` (peer -> the share
-        it must be at or under) answered a check made after ``now``. A gain on top of one
-        still pending waits for both's holders, until the later deadline."""
+        """Our usable share of ``pod`` is now ``share``; ``holders`` (new ones, or ones
+        whose share fell again) may run requests above theirs until they answer a check
+        asked after ``now``, and ``cap`` more of our share waits for them (None: all of
+        it). Holders already waited on keep their place, whatever our share meanwhile; the
+        deadline is the later one."""
         key = (service, pod)
-        if gained <= 0 or not holders:
-            return
-        old = self.pending.get(key)
-        if old is None:
-            self.pending[key] = PendingGain(service, pod, gained, now, deadline, dict(holders))
-            return
-        old.slots += gained
-        old.since = now
-        old.waiting_on.update(holders)
-        old.deadline = None if old.deadline is None or deadline is None else max(old.deadline, deadline)
-
-    def shrink(self, service: str, pod: str, usable_share: int) -> None:
-        """The share fell: at most ``usable_share`` slots can still be pending."""
-        gain = self.pending.get((service, pod))
-        if gain is not None:
-            gain.slots = min(gain.slots, usable_share)
-            if gain.slots <= 0:
-                del self.pending[(service, pod)]
+        holders = {name: holder for name, holder in holders.items() if holder.excess > 0}
+        more = share if cap is None else cap
+        gain = self.pending.get(key)
+        if gain is None:
+            if more <= 0 or not holders:
+                return
+            gain = self.pending[key] = PendingGain(service, pod, share, 0, now, deadline, {})
+        elif holders:
+            gain.deadline = None if gain.deadline is None or deadline is None else max(gain.deadline, deadline)
+        if holders:
+            gain.cap += max(0, more)
+        gain.share = share
+        for name, holder in holders.items():
+            wait = gain.waiting_on.get(name)
+            excess = holder.excess if wait is None else max(wait.excess, holder.excess)
+            gain.waiting_on[name] = Wait(holder.share, excess, now)
+        # (a share that fell to nothing keeps its waits: the holders may still run requests
+        # on the pod when it comes back, by a cap that lifts or a file)
 
     def answered(self, peer: str, in_use: PodCounts, asked_at: float) -> set[str]:
-        """``peer`` answered a check made at ``asked_at``: the services with slots released."""
+        """``peer`` answered a check made at ``asked_at`` (it applied that check's view
+        first, so it starts nothing beyond its share from then on): the services with
+        slots released."""
         released: set[str] = set()
         for key, gain in list(self.pending.items()):
-            limit = gain.waiting_on.get(peer)
-            if limit is None or asked_at < gain.since:
+            wait = gain.waiting_on.get(peer)
+            if wait is None or asked_at < wait.since:
                 continue
-            if in_use.get(gain.service, {}).get(gain.pod, 0) <= limit:
+            held = gain.slots
+            running = in_use.get(gain.service, {}).get(gain.pod, 0)
+            wait.excess = min(wait.excess, max(0, running - wait.share))
+            if wait.excess == 0:
                 del gain.waiting_on[peer]
-                if not gain.waiting_on:
-                    del self.pending[key]
-                    released.add(gain.service)
+            if not gain.waiting_on:
+                del self.pending[key]
+            if gain.slots < held or key not in self.pending:
+                released.add(gain.service)
         return released
 
     def expire(self, now: float) -> set[str]:

@@ -25,6 +25,7 @@ from .config import Config, ConfigDiff, ServiceConfig, normalize_host
 from .errors import PeerUnavailable, UnknownHost
 from .events import ConfigChanged, Event, PeerChecked, ProbeReport, Tick, TransportFailure, ViewReceived
 from .fleet import Fleet, Forward
+from .peering import WORKER_SCOPE, Answer, Check
 from .throttler import NO_EFFECTS, Effects, EffectsCollector, ServiceThrottler
 
 #: Peer hops a request may take: the second only happens while activators disagree
@@ -217,6 +218,21 @@ class Topology:
         except PeerUnavailable:
             return NO_EFFECTS  # they wait here: the owners may come back
         return throttler.redirect_waiters() if target is not None else NO_EFFECTS
+
+    def answer(self, check: Check, me: str) -> Answer:
+        """This process's answer to ``check`` (its view applied first, ``ViewReceived``):
+        the requests running on each pod of the view (slots lent included), the usable
+        capacity per service, and whether the asker is listed in our file (a sibling
+        always is). ``me``: the name it is signed with. Does not yield."""
+        in_use: dict[str, dict[str, int]] = {}
+        for service, pods in check.view.items():
+            throttler = self.services.get(service)
+            trackers = throttler.trackers if throttler is not None else {}
+            in_use[service] = {pod: trackers[pod].in_flight if pod in trackers else 0 for pod in pods}
+        capacity = {name: throttler.capacity for name, throttler in self.services.items()}
+        peers = self.config.activators
+        listed = check.scope == WORKER_SCOPE or (peers is not None and check.sender in peers.peers)
+        return Answer(me, in_use, capacity, listed)
 
     def capped(self, service: str) -> bool:
         """Whether peers' views (newer files than ours) took slots of ``service`` from us."""

@@ -112,16 +112,7 @@ class PeerEndpoint:
             raise PeerAuthError(f"a proof by {name} for a check by {check.sender}")
 
     def _own_answer(self, check: Check) -> Answer:
-        services = self.topology.services
-        in_use: dict[str, dict[str, int]] = {}
-        for service, pods in check.view.items():
-            throttler = services.get(service)
-            trackers = throttler.trackers if throttler is not None else {}
-            in_use[service] = {pod: trackers[pod].in_flight if pod in trackers else 0 for pod in pods}
-        capacity = {name: throttler.capacity for name, throttler in services.items()}
-        peers = self.topology.config.activators
-        listed = check.scope == peering.WORKER_SCOPE or (peers is not None and check.sender in peers.peers)
-        return Answer(self.me(), in_use, capacity, listed)
+        return self.topology.answer(check, self.me())
 
     def _relay(self, body: bytes, proof: bytes | None) -> list[Answer] | None:
         """The same check, to every sibling; their answers (None if one did not answer)."""
@@ -217,8 +208,9 @@ class PeerChecker:
 
     def _check(self, target: CheckTarget) -> None:
         peers = self.topology.config.activators
-        secret = self.sibling_secret if target.scope == peering.WORKER_SCOPE else (peers.secret if peers else None)
-        sender = self.me() if target.scope == ACTIVATOR_SCOPE else f"worker {self.topology.worker_index}"
+        # (a peer that left the file is asked with the secret and the name of that file)
+        secret = self.sibling_secret if target.scope == peering.WORKER_SCOPE else target.secret
+        sender = target.sender
         if secret is None:
             return
         body = peering.encode_check(Check(sender, target.scope, target.view))

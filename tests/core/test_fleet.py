@@ -253,7 +253,8 @@ def removed_c(request_timeout: float | None = 300.0) -> tuple[Fleet, ServiceConf
 
 def test_a_removed_peers_slots_are_held_until_it_answers_with_none_in_use() -> None:
     fleet, api = removed_c()
-    assert fleet.departed == {"vm-c": str(address("vm-c"))}
+    assert list(fleet.departed) == ["vm-c"]
+    assert fleet.departed["vm-c"].address == str(address("vm-c")) and fleet.departed["vm-c"].secret == "s"
     assert fleet.snapshot_peers(10.0)["vm-c"]["departed"] is True
     snap = fleet.snapshot_service("api", 12.0)
     assert snap["handover_slots"] == sum(GAINED.values())
@@ -310,8 +311,11 @@ def test_a_removed_peer_that_comes_back_is_a_peer_again() -> None:
     fleet, api = removed_c()
     usable = apply(fleet, config("vm-a", ABC, api), 20.0)
     assert usable == {"api": BEFORE["vm-a"]}
-    assert fleet.departed == {} and fleet.handovers.pending == {}
+    assert fleet.departed == {} and fleet.snapshot_service("api", 20.0)["handover_slots"] == 0
     assert fleet.snapshot_peers(20.0)["vm-c"]["departed"] is False
+    # (the waits on it stay, holding nothing, until it answers: the slots may come back)
+    fleet.checked("vm-c", 21.0, idle("vm-c", api), "", 21.0)
+    assert fleet.handovers.pending == {} and fleet.usable("api") == BEFORE["vm-a"]
 
 
 @settings(max_examples=60, deadline=None)
@@ -385,12 +389,13 @@ def test_a_cap_that_lifts_waits_for_its_issuer() -> None:
     assert fleet.usable("api") == OURS
 
 
-def test_a_cap_set_again_drops_the_pending_gain() -> None:
+def test_a_cap_set_again_holds_nothing_but_keeps_waiting() -> None:
     fleet = capped_fleet()
     fleet.view_received("vm-b", {"api": dict(OURS)}, [API3], 5.0)  # lifted: pending on vm-b
     assert fleet.snapshot_service("api", 5.0)["handover_slots"] == 1
     assert fleet.view_received("vm-b", {"api": {CAPPED_POD: 0}}, [API3], 6.0) == {"api"}
-    assert fleet.handovers.pending == {} and fleet.usable("api") == {**OURS, CAPPED_POD: 0}
+    assert fleet.snapshot_service("api", 6.0)["handover_slots"] == 0
+    assert fleet.usable("api") == {**OURS, CAPPED_POD: 0}
     # Lifted once more: a new hand-over, from this change on.
     fleet.view_received("vm-b", {"api": dict(OURS)}, [API3], 7.0)
     assert fleet.checked("vm-b", 6.5, idle("vm-b", API3), "", 7.5) == set()
@@ -651,3 +656,110 @@ def test_a_new_address_for_a_peer_is_followed() -> None:
     apply(fleet, moved, 2.0)
     assert target(fleet, "vm-b").address == "10.9.9.9:8080"
     assert fleet.health["vm-b"].state is PeerState.UP  # the same peer: its health is kept
+
+
+# -- found by the model of the fleet (tests/core/test_fleet_model.py) --------------------------
+
+
+def test_a_cc_that_falls_waits_for_the_holder_of_the_slot_that_vanished() -> None:
+    # cc 2 -> 1 on a pod of two activators: one keeps its slot, the other's vanishes, and
+    # its request may still run there: the slot that remains waits for its answer.
+    two = ("vm-a", "vm-b")
+    before, after = svc("10.0.1.1:8000", cc=2), svc("10.0.1.1:8000", cc=1)
+    [keeper] = [p for p, owned in division(after, two).items() if owned]
+    [loser] = [p for p in two if p != keeper]
+    fleet = fleet_of(keeper, two, before)
+    assert fleet.usable("api") == {"10.0.1.1:8000": 1}
+    assert apply(fleet, config(keeper, two, after), 10.0) == {"api": {"10.0.1.1:8000": 0}}
+    [held] = fleet.snapshot_service("api", 10.0)["handover"]
+    assert held["waiting_on"] == [loser]
+    busy = answer(loser, {"api": {"10.0.1.1:8000": 1}})
+    assert fleet.checked(loser, 11.0, busy, "", 11.5) == set()
+    assert fleet.checked(loser, 12.0, answer(loser, {"api": {"10.0.1.1:8000": 0}}), "", 12.5) == {"api"}
+    assert fleet.usable("api") == {"10.0.1.1:8000": 1}
+
+
+def test_a_cc_that_falls_among_workers_waits_for_the_sibling() -> None:
+    before, after = svc("10.0.1.1:8000", cc=2), svc("10.0.1.1:8000", cc=1)
+    keeper = next(i for i in range(2) if divide_slots(limits(after), ["0", "1"])[str(i)].get("10.0.1.1:8000"))
+    fleet = Fleet(worker_index=keeper, workers=2)
+    apply(fleet, config(None, (), before, workers=2), 0.0)
+    assert fleet.usable("api") == {"10.0.1.1:8000": 1}
+    assert apply(fleet, config(None, (), after, workers=2), 1.0) == {"api": {"10.0.1.1:8000": 0}}
+    sibling = f"worker {1 - keeper}"
+    assert fleet.checked(sibling, 2.0, None, "connection refused", 2.0, refused=True) == {"api"}  # it crashed
+    assert fleet.usable("api") == {"10.0.1.1:8000": 1}
+
+
+def test_back_to_one_activator_without_peers_still_asks_the_leaver() -> None:
+    # Knative's TestActivatorsIndexUpdate: the file drops the peers section altogether;
+    # the leaver is still asked (as this activator's name in the file it left, with that
+    # file's secret), and a leaver whose port refuses runs nothing: every slot at once.
+    api = svc(*SIX, cc=1)
+    fleet = fleet_of("vm-a", ("vm-a", "vm-b"), api)
+    usable = apply(fleet, config(None, (), api), 10.0)["api"]
+    assert usable is not None and sum(usable.values()) < len(SIX)
+    [leaver] = fleet.check_targets(())
+    assert (leaver.name, leaver.sender, leaver.secret) == ("vm-b", "vm-a", "s")
+    assert fleet.checked("vm-b", 11.0, None, "connection refused", 11.0, refused=True) == {"api"}
+    assert fleet.usable("api") is None or fleet.usable("api") == dict.fromkeys(SIX, 1)
+    assert fleet.departed == {} and fleet.check_targets(()) == []
+
+
+def test_the_leaver_of_a_file_without_peers_answering_releases_its_slots() -> None:
+    api = svc(*SIX, cc=1)
+    fleet = fleet_of("vm-a", ("vm-a", "vm-b"), api)
+    apply(fleet, config(None, (), api), 10.0)
+    assert fleet.me == "vm-a"  # (not "": an answer of the leaver lists the asker by that name)
+    assert fleet.checked("vm-b", 11.0, idle("vm-b", api), "", 11.5) == {"api"}
+    assert fleet.handovers.pending == {}
+
+
+def test_a_worker_that_restarts_waits_for_its_siblings() -> None:
+    # cc 2 -> 1 while a sibling still runs a request on the pod; this worker restarts
+    # with the new file and its share of the one slot: the sibling answers first.
+    api = svc("10.0.1.1:8000", cc=1)
+    [keeper] = [i for i in range(3) if divide_slots(limits(api), ["0", "1", "2"])[str(i)]]
+    fleet = Fleet(worker_index=keeper, workers=3, hand_over_at_start=True)
+    assert apply(fleet, config(None, (), api, workers=3), 5.0) == {"api": {"10.0.1.1:8000": 0}}
+    siblings = [f"worker {i}" for i in range(3) if i != keeper]
+    assert fleet.snapshot_service("api", 5.0)["handover"][0]["waiting_on"] == siblings
+    busy, other = siblings
+    fleet.checked(other, 6.0, answer(other, {"api": {"10.0.1.1:8000": 0}}), "", 6.0)
+    assert fleet.checked(busy, 6.0, answer(busy, {"api": {"10.0.1.1:8000": 1}}), "", 6.0) == set()
+    assert fleet.checked(busy, 7.0, None, "connection refused", 7.0, refused=True) == {"api"}  # (it crashed)
+    assert fleet.usable("api") == {"10.0.1.1:8000": 1}
+
+
+def test_a_leaver_is_asked_until_it_answers_even_before_a_gain_waits_on_it() -> None:
+    # One worker of two: its share of the pod is capped by its sibling when the peer
+    # leaves, so nothing waits on the leaver yet; the cap lifts later: the leaver (still
+    # running its older file) is waited on all the same.
+    api = svc("10.0.1.1:8000", cc=1)
+    two = ("vm-a", "vm-b")
+    [keeper] = [i for i in range(2) if divide_slots(limits(api), ["0", "1"])[str(i)]]
+    fleet = Fleet(worker_index=keeper, workers=2)
+    apply(fleet, config("vm-b", two, api, workers=2), 0.0)
+    sibling = f"worker {1 - keeper}"
+    fleet.view_received(sibling, {"api": {"10.0.1.1:8000": 0}}, [api], 1.0)  # capped
+    apply(fleet, config("vm-b", ("vm-b",), api, workers=2), 2.0)  # vm-a leaves
+    assert fleet.expire(3.0) == set() and "vm-a" in fleet.departed  # not forgotten
+    assert fleet.view_received(sibling, {"api": {"10.0.1.1:8000": 1}}, [api], 4.0) == {"api"}  # lifted
+    assert fleet.usable("api") == {"10.0.1.1:8000": 0}
+    assert fleet.snapshot_service("api", 4.0)["handover"][0]["waiting_on"] == sorted([sibling, "vm-a"])
+
+
+def test_a_share_capped_to_nothing_and_back_still_waits_for_the_first_holders() -> None:
+    # A starting worker waits on its peer and its sibling; a stale view of the sibling
+    # caps it to nothing, a fresh one lifts the cap: the peer is still waited on.
+    api = svc("10.0.1.1:8000", cc=1)
+    [keeper] = [i for i in range(2) if divide_slots(limits(api), ["0", "1"])[str(i)]]
+    fleet = Fleet(worker_index=keeper, workers=2, hand_over_at_start=True)
+    apply(fleet, config("vm-a", ("vm-a", "vm-b"), api, workers=2), 0.0)
+    sibling = f"worker {1 - keeper}"
+    assert division(api, ("vm-a", "vm-b"))["vm-a"] == {"10.0.1.1:8000": 1}  # (vm-a's pod, as the test needs)
+    fleet.view_received(sibling, {"api": {"10.0.1.1:8000": 0}}, [api], 1.0)
+    fleet.view_received(sibling, {"api": {"10.0.1.1:8000": 1}}, [api], 2.0)
+    fleet.checked(sibling, 3.0, answer(sibling, {"api": {"10.0.1.1:8000": 0}}), "", 3.0)
+    assert fleet.usable("api") == {"10.0.1.1:8000": 0}
+    assert fleet.snapshot_service("api", 3.0)["handover"][0]["waiting_on"] == ["vm-b"]

@@ -34,6 +34,7 @@ from activator.core.peering import (
     Answer,
     Check,
     HandOvers,
+    Holder,
     PeerAuthError,
     PeerHealth,
     PeerState,
@@ -396,18 +397,22 @@ def in_use(n: int, pod: str = "p1", service: str = "api") -> dict[str, dict[str,
 
 def test_a_gain_is_held_until_its_holder_reports_its_share() -> None:
     h = HandOvers()
-    h.plan("api", "p1", 2, {"vm-b": 1}, now=10.0, deadline=None)
+    h.plan("api", "p1", 3, {"vm-b": Holder(1, 2)}, now=10.0, deadline=None, cap=2)
     assert h.held("api", "p1") == 2 and h.held("api", "p2") == 0 and h.held("web", "p1") == 0
     assert h.waiting_on() == {"vm-b"}
-    assert h.answered("vm-b", in_use(2), asked_at=11.0) == set()  # still over its share
+    assert h.answered("vm-b", in_use(3), asked_at=11.0) == set()  # still two over its share
     assert h.held("api", "p1") == 2
+    assert h.answered("vm-b", in_use(2), asked_at=11.5) == {"api"}  # one over: one released
+    assert h.held("api", "p1") == 1
+    assert h.answered("vm-b", in_use(3), asked_at=11.7) == set()  # (it cannot start more: a stale count)
+    assert h.held("api", "p1") == 1
     assert h.answered("vm-b", in_use(1), asked_at=12.0) == {"api"}  # at its share: released
     assert h.held("api", "p1") == 0 and h.waiting_on() == set()
 
 
 def test_only_a_check_asked_after_the_plan_counts() -> None:
     h = HandOvers()
-    h.plan("api", "p1", 1, {"vm-b": 0}, now=10.0, deadline=None)
+    h.plan("api", "p1", 1, {"vm-b": Holder(0, 1)}, now=10.0, deadline=None)
     assert h.answered("vm-b", in_use(0), asked_at=9.5) == set()  # asked before the change
     assert h.held("api", "p1") == 1
     assert h.answered("vm-b", in_use(0), asked_at=10.5) == {"api"}
@@ -415,26 +420,36 @@ def test_only_a_check_asked_after_the_plan_counts() -> None:
 
 def test_a_pod_left_out_of_the_answer_counts_as_nothing_in_use() -> None:
     h = HandOvers()
-    h.plan("api", "p1", 1, {"vm-b": 0}, now=10.0, deadline=None)
+    h.plan("api", "p1", 1, {"vm-b": Holder(0, 1)}, now=10.0, deadline=None)
     assert h.answered("vm-b", {"api": {"p2": 3}}, asked_at=11.0) == {"api"}
 
 
-def test_every_shrunk_holder_must_answer() -> None:
+def test_every_holder_with_an_excess_must_answer() -> None:
     h = HandOvers()
-    h.plan("api", "p1", 2, {"vm-b": 0, "vm-c": 1}, now=10.0, deadline=None)
+    h.plan("api", "p1", 2, {"vm-b": Holder(0, 1), "vm-c": Holder(1, 1)}, now=10.0, deadline=None)
     assert h.answered("vm-d", in_use(0), asked_at=11.0) == set()  # not a holder
-    assert h.answered("vm-b", in_use(0), asked_at=11.0) == set()
-    assert h.held("api", "p1") == 2 and h.waiting_on() == {"vm-c"}
+    assert h.answered("vm-b", in_use(0), asked_at=11.0) == {"api"}  # one of the two released
+    assert h.held("api", "p1") == 1 and h.waiting_on() == {"vm-c"}
     assert h.answered("vm-b", in_use(0), asked_at=12.0) == set()  # already counted
     assert h.answered("vm-c", in_use(1), asked_at=12.0) == {"api"}
     assert h.held("api", "p1") == 0
 
 
+def test_the_held_slots_are_at_most_the_cap_and_the_share() -> None:
+    h = HandOvers()
+    h.plan("api", "p1", 2, {"vm-b": Holder(0, 3)}, now=10.0, deadline=None, cap=1)
+    assert h.held("api", "p1") == 1
+    h.plan("api", "p1", 3, {}, now=11.0, deadline=None)  # our share grew with nothing to wait for
+    assert h.held("api", "p1") == 1
+    h.plan("api", "p2", 1, {"vm-b": Holder(0, 3)}, now=10.0, deadline=None)
+    assert h.held("api", "p2") == 1
+
+
 def test_one_answer_releases_every_pod_it_clears() -> None:
     h = HandOvers()
-    h.plan("api", "p1", 1, {"vm-b": 0}, now=10.0, deadline=None)
-    h.plan("api", "p2", 1, {"vm-b": 0}, now=10.0, deadline=None)
-    h.plan("web", "w1", 1, {"vm-b": 0}, now=10.0, deadline=None)
+    h.plan("api", "p1", 1, {"vm-b": Holder(0, 1)}, now=10.0, deadline=None)
+    h.plan("api", "p2", 1, {"vm-b": Holder(0, 1)}, now=10.0, deadline=None)
+    h.plan("web", "w1", 1, {"vm-b": Holder(0, 1)}, now=10.0, deadline=None)
     released = h.answered("vm-b", {"api": {"p1": 0, "p2": 1}, "web": {"w1": 0}}, asked_at=11.0)
     assert released == {"api", "web"}
     assert (h.held("api", "p1"), h.held("api", "p2"), h.held("web", "w1")) == (0, 1, 0)
@@ -442,7 +457,7 @@ def test_one_answer_releases_every_pod_it_clears() -> None:
 
 def test_a_gain_is_waited_out_at_its_deadline() -> None:
     h = HandOvers()
-    h.plan("api", "p1", 1, {"vm-b": 0}, now=10.0, deadline=40.0)
+    h.plan("api", "p1", 1, {"vm-b": Holder(0, 1)}, now=10.0, deadline=40.0)
     assert h.expire(39.9) == set() and h.held("api", "p1") == 1
     assert h.expire(40.0) == {"api"}
     assert h.held("api", "p1") == 0 and h.waiting_on() == set()
@@ -451,56 +466,68 @@ def test_a_gain_is_waited_out_at_its_deadline() -> None:
 
 def test_without_a_deadline_only_an_answer_releases() -> None:
     h = HandOvers()
-    h.plan("api", "p1", 1, {"vm-b": 0}, now=10.0, deadline=None)
+    h.plan("api", "p1", 1, {"vm-b": Holder(0, 1)}, now=10.0, deadline=None)
     assert h.expire(1e12) == set()
     assert h.held("api", "p1") == 1
     assert h.answered("vm-b", in_use(0), asked_at=1e12) == {"api"}
 
 
-@pytest.mark.parametrize(("gained", "holders"), [(0, {"vm-b": 0}), (-1, {"vm-b": 0}), (2, {})])
-def test_nothing_to_hold(gained: int, holders: dict[str, int]) -> None:
+@pytest.mark.parametrize(
+    ("share", "holders", "cap"),
+    [
+        (0, {"vm-b": Holder(0, 1)}, None),
+        (2, {"vm-b": Holder(0, 0)}, None),
+        (2, {}, None),
+        (2, {"vm-b": Holder(0, 1)}, 0),
+    ],
+)
+def test_nothing_to_hold(share: int, holders: dict[str, Holder], cap: int | None) -> None:
     h = HandOvers()
-    h.plan("api", "p1", gained, holders, now=10.0, deadline=None)
+    h.plan("api", "p1", share, holders, now=10.0, deadline=None, cap=cap)
     assert h.pending == {} and h.held("api", "p1") == 0
 
 
 def test_a_gain_on_a_pending_one_waits_for_both_until_the_later_deadline() -> None:
     h = HandOvers()
-    h.plan("api", "p1", 1, {"vm-b": 0}, now=10.0, deadline=50.0)
-    h.plan("api", "p1", 2, {"vm-c": 1}, now=20.0, deadline=60.0)
+    h.plan("api", "p1", 1, {"vm-b": Holder(0, 1)}, now=10.0, deadline=50.0)
+    h.plan("api", "p1", 3, {"vm-c": Holder(1, 2)}, now=20.0, deadline=60.0, cap=2)
     assert h.held("api", "p1") == 3 and h.waiting_on() == {"vm-b", "vm-c"}
-    # vm-b's answer to a check asked before the second plan no longer counts
-    assert h.answered("vm-b", in_use(0), asked_at=15.0) == set()
-    assert h.waiting_on() == {"vm-b", "vm-c"}
-    assert h.expire(50.0) == set() and h.held("api", "p1") == 3
+    # vm-b keeps its place: its answer to a check asked after its own plan counts
+    assert h.answered("vm-c", in_use(0), asked_at=15.0) == set()  # (vm-c's: before its plan)
+    assert h.answered("vm-b", in_use(0), asked_at=15.0) == {"api"}
+    assert h.waiting_on() == {"vm-c"} and h.held("api", "p1") == 2
+    assert h.expire(50.0) == set() and h.held("api", "p1") == 2
     assert h.expire(60.0) == {"api"}
 
 
 @pytest.mark.parametrize(("first", "second"), [(None, 60.0), (50.0, None)])
 def test_a_gain_without_a_deadline_on_a_pending_one_has_none(first: float | None, second: float | None) -> None:
     h = HandOvers()
-    h.plan("api", "p1", 1, {"vm-b": 0}, now=10.0, deadline=first)
-    h.plan("api", "p1", 1, {"vm-c": 0}, now=20.0, deadline=second)
+    h.plan("api", "p1", 1, {"vm-b": Holder(0, 1)}, now=10.0, deadline=first)
+    h.plan("api", "p1", 2, {"vm-c": Holder(0, 1)}, now=20.0, deadline=second, cap=1)
     assert h.expire(1e12) == set() and h.held("api", "p1") == 2
 
 
 def test_a_share_that_falls_holds_no_more_than_itself() -> None:
     h = HandOvers()
-    h.plan("api", "p1", 3, {"vm-b": 0}, now=10.0, deadline=None)
-    h.shrink("api", "p1", 5)
+    h.plan("api", "p1", 3, {"vm-b": Holder(0, 3)}, now=10.0, deadline=None)
+    h.plan("api", "p1", 5, {}, now=11.0, deadline=None)
     assert h.held("api", "p1") == 3
-    h.shrink("api", "p1", 1)
+    h.plan("api", "p1", 1, {}, now=11.0, deadline=None)
     assert h.held("api", "p1") == 1
-    h.shrink("api", "p1", 0)
-    assert h.pending == {} and h.waiting_on() == set()
-    h.shrink("api", "p9", 0)  # nothing pending: nothing to do
+    h.plan("api", "p1", 0, {}, now=11.0, deadline=None)
+    assert h.held("api", "p1") == 0 and h.waiting_on() == {"vm-b"}  # (it may come back)
+    h.plan("api", "p1", 2, {}, now=12.0, deadline=None)
+    assert h.held("api", "p1") == 2  # back: vm-b still has not answered
+    h.plan("api", "p9", 0, {}, now=11.0, deadline=None)  # nothing pending: nothing to do
+    assert ("api", "p9") not in h.pending
 
 
 def test_hand_over_snapshot() -> None:
     h = HandOvers()
-    h.plan("api", "p2", 1, {"vm-c": 0, "vm-b": 0}, now=10.0, deadline=40.0)
-    h.plan("api", "p1", 2, {"vm-b": 1}, now=12.0, deadline=None)
-    h.plan("web", "w1", 1, {"vm-b": 0}, now=12.0, deadline=None)
+    h.plan("api", "p2", 1, {"vm-c": Holder(0, 1), "vm-b": Holder(0, 1)}, now=10.0, deadline=40.0)
+    h.plan("api", "p1", 2, {"vm-b": Holder(1, 2)}, now=12.0, deadline=None)
+    h.plan("web", "w1", 1, {"vm-b": Holder(0, 1)}, now=12.0, deadline=None)
     assert h.snapshot("api", 20.0) == [
         {"pod": "p1", "slots": 2, "waiting_on": ["vm-b"], "seconds_waiting": 8.0, "seconds_left": None},
         {"pod": "p2", "slots": 1, "waiting_on": ["vm-b", "vm-c"], "seconds_waiting": 10.0, "seconds_left": 20.0},

@@ -750,3 +750,32 @@ def test_twenty_changes_in_a_row_under_load(pod_pool, activator_factory):
             step()
             r.more(15, f"{i}: {what}")
             r.check_peaks(f"after change {i} ({what})")
+
+
+def test_three_activators_twelve_changes_under_load(pod_pool, activator_factory):
+    """Issue 25's scenario on three activators (one worker each): twelve changes rolled
+    in the README's order under load, among them cc lowered (2 -> 1: the slot that
+    remains waits for the holder of the one that vanished) and a peer removed; every
+    pod's own peak checked after each change."""
+    with rig(activator_factory, pod_pool, "3 activators, 12 changes", peers=3, soak=True) as r:
+        one = [e.pod for e in r.services["one"].entries]
+        two = [e.pod for e in r.services["two"].entries]
+        steps: list[tuple[str, Callable[[], Any]]] = [
+            ("two cc 2 -> 1", lambda: r.set_cc("two", 1)),
+            ("one cc 1 -> 2", lambda: r.set_cc("one", 2)),
+            ("remove vm-c", lambda: r.remove_peer("vm-c")),
+            ("two cc 1 -> 2", lambda: r.set_cc("two", 2)),
+            ("add vm-c again", lambda: r.add_peer("vm-c")),
+            ("one cc 2 -> 1", lambda: r.set_cc("one", 1)),
+            ("add a pod to two", lambda: r.add_pod("two")),
+            ("drain a pod of one", lambda: r.drain_pod("one", one[0])),
+            ("two cc 2 -> 1", lambda: r.set_cc("two", 1)),
+            ("remove vm-b", lambda: r.remove_peer("vm-b")),
+            ("undrain it", lambda: r.drain_pod("one", one[0], drain=False)),
+            ("take a pod out of two", lambda: r.remove_pod("two", two[0])),
+        ]
+        assert len(steps) == 12
+        for i, (what, step) in enumerate(steps, 1):
+            step()
+            r.more(15, f"{i}: {what}")
+            r.check_peaks(f"after change {i} ({what})")
