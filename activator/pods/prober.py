@@ -102,7 +102,7 @@ class Prober:
                 probe = service.config.probe if service else None
                 if service is None or tracker is None or probe is None or not probed(tracker.state):
                     return
-                if not probe_due(tracker.in_flight, tracker.slots):
+                if not probe_due(tracker.in_flight, tracker.limit):
                     continue  # busy with our own requests: alive, and a probe would queue behind them
                 started = time.monotonic()
                 outcome, detail = probe_once(pool, address, probe, protocol)
