@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 #: The response header a pod announces its load in (ORCA's name).
@@ -133,3 +134,21 @@ def announced_limit(announced: int | None, container_concurrency: int) -> int | 
     if announced is None or container_concurrency == 0:
         return None
     return max(1, min(announced, container_concurrency))
+
+
+def reading_in_head(
+    headers: Sequence[tuple[bytes, bytes]], lower_names: Sequence[bytes], metric: str
+) -> LoadReading | None:
+    """What a response head announces (its first ``endpoint-load-metrics`` line), or None:
+    no such line, or garbage."""
+    for index, name in enumerate(lower_names):
+        if name == ORCA_HEADER:
+            metrics = parse_orca(headers[index][1])
+            return None if metrics is None else LoadReading.of(metrics, metric)
+    return None
+
+
+def is_news(figure: float | None, announced: int | None, reading: LoadReading, container_concurrency: int) -> bool:
+    """Whether ``reading`` changes what a pod's tracker holds (its ``figure`` and
+    ``announced`` limit): only news is posted to the topology writer."""
+    return figure != reading.figure or announced != announced_limit(reading.concurrency, container_concurrency)
