@@ -143,7 +143,6 @@ def test_every_field_of_an_access_line_is_explained() -> None:
 #: leaves them out. When the loader accepts one, the test below fails: add the key to
 #: config/example.yaml and take it out of here.
 NOT_IMPLEMENTED_YET = (
-    "services.*.load",
     "services.*.launch",
 )
 #: Maps whose keys are the operator's names, not keys of the format.
