@@ -21,6 +21,7 @@ from harness import (
     json_request,
     probe_config,
     request,
+    run_cli,
     service_config,
     start_request,
     wait_until,
@@ -138,3 +139,24 @@ def test_a_gauge_read_at_each_probe(activator_factory: Any, pod_factory: Any) ->
     announce(long_queue, gauge="0")
     wait_until(lambda: pod_status(act, long_queue)["load"] == 0)
     assert {served_by(act) for _ in range(5)} == {long_queue.address}
+
+
+def test_the_announced_load_is_visible_everywhere(
+    activator_factory: Any, pod_factory: Any, statsd_receiver: StatsdReceiver
+) -> None:
+    (pod,) = pod_factory(1)
+    announce(pod, orca="TEXT cpu_utilization=0.25, named_metrics.max_concurrency=1")
+    act = start(activator_factory, [pod], 3, statsd_receiver, lb_policy="least-loaded", load=ORCA)
+    served_by(act)
+    shown = wait_until(lambda: (p := pod_status(act, pod))["announced_concurrency"] == 1 and p)
+    assert shown["load"] == 0.25
+    metrics = act.admin_get("/metrics").text
+    on_pod = f'{{pod="{pod.address}",service="api"}}'
+    assert f"activator_pod_load{on_pod} 0.25" in metrics
+    assert f"activator_pod_announced_concurrency{on_pod} 1.0" in metrics
+    assert statsd_receiver.wait_for_metric(f"activator.api.pod.{pod.metric_name}.load", "g").value == 0.25
+    assert statsd_receiver.wait_for_metric(f"activator.api.pod.{pod.metric_name}.announced_concurrency", "g").value == 1
+    page = act.admin_get("/").text
+    assert "data-col='load'>0.25<" in page and "data-col='announced_concurrency'>1<" in page
+    cli = run_cli(["status", "--admin", str(act.admin)])
+    assert "announced: load 0.25, concurrency 1" in cli.stdout, cli.stdout
