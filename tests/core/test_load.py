@@ -16,7 +16,14 @@ from hypothesis import strategies as st
 from activator.core.config import LoadConfig, ServiceConfig, describe_config, parse_config
 from activator.core.errors import ConfigError, QueueFull
 from activator.core.lb import FirstAvailable, LeastLoaded, RoundRobin, make_policy, policy_matches
-from activator.core.load import MAX_HEADER_BYTES, LoadReading, announced_limit, parse_orca
+from activator.core.load import (
+    MAX_HEADER_BYTES,
+    LoadReading,
+    announced_limit,
+    is_news,
+    parse_orca,
+    reading_in_head,
+)
 from activator.core.throttler import Grant, ServiceThrottler, Waiter
 
 A, B, C = (f"10.0.0.{i}:8000" for i in range(1, 4))
@@ -153,6 +160,33 @@ def test_the_reading_is_the_configured_metric_and_max_concurrency() -> None:
     assert LoadReading.of(metrics, "named_metrics.queue") == LoadReading(4.0, 2)
     assert LoadReading.of(metrics, "rps_fractional") == LoadReading(None, 2)
     assert LoadReading.of({"cpu_utilization": 0.1}, "cpu_utilization") == LoadReading(0.1, None)
+
+
+def test_a_head_announces_in_its_first_orca_line() -> None:
+    headers = [
+        (b"X-Pod", b"a"),
+        (b"Endpoint-Load-Metrics", b"TEXT cpu_utilization=0.2"),
+        (b"endpoint-load-metrics", b"x"),
+    ]
+    lower = [name.lower() for name, _ in headers]
+    assert reading_in_head(headers, lower, "cpu_utilization") == LoadReading(0.2, None)
+    assert reading_in_head(headers[:1], lower[:1], "cpu_utilization") is None  # none: nothing
+    assert reading_in_head(headers[2:], lower[2:], "cpu_utilization") is None  # garbage: nothing
+
+
+@pytest.mark.parametrize(
+    ("held", "reading", "news"),
+    [
+        ((None, None), LoadReading(None, None), False),
+        ((0.5, None), LoadReading(0.5, None), False),
+        ((0.5, None), LoadReading(0.6, None), True),
+        ((0.5, 2), LoadReading(0.5, 10), False),  # 10 at cc 2 is 2: what is held
+        ((0.5, 2), LoadReading(0.5, 1), True),
+        ((0.5, 1), LoadReading(0.5, None), True),
+    ],
+)
+def test_only_news_is_posted(held: tuple[float | None, int | None], reading: LoadReading, news: bool) -> None:
+    assert is_news(*held, reading, 2) is news
 
 
 @pytest.mark.parametrize(
