@@ -809,7 +809,10 @@ class ServiceThrottler:
         if old_probe is not None and config.probe is None:
             for tracker in list(self.trackers.values()):
                 self._admit_unprobed(tracker, now, "probe removed")
+        forget_load = old is not None and old.load != config.load
         for tracker in list(self.trackers.values()):
+            if forget_load:  # announced under other rules (or none now): heard again
+                tracker.load = tracker.announced = None
             if cc == 0:
                 tracker.slots = None
             elif owned is None:

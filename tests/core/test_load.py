@@ -5,7 +5,7 @@ no pod ever runs more than container_concurrency (a hypothesis property)."""
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pytest
@@ -350,6 +350,16 @@ def test_a_report_on_an_unknown_pod_or_the_same_report_changes_nothing() -> None
     throttler.load_report(A, 0.5, 1, 0.0)
     assert not throttler.load_report(A, 0.5, 1, 0.0)
     throttler.check_invariants()
+
+
+def test_a_reload_that_changes_load_forgets_what_was_announced() -> None:
+    throttler = make(3, A)
+    throttler.load_report(A, 0.5, 1, 0.0)
+    throttler.apply(replace(throttler.config, lb_policy="auto", queue_depth=5), 0.0)  # load kept
+    assert (throttler.trackers[A].load, throttler.capacity) == (0.5, 1)
+    throttler.apply(replace(throttler.config, load=None), 0.0)
+    throttler.check_invariants()
+    assert (throttler.trackers[A].load, throttler.trackers[A].announced, throttler.capacity) == (None, None, 3)
 
 
 @settings(max_examples=150, deadline=None)
