@@ -160,3 +160,21 @@ def test_the_announced_load_is_visible_everywhere(
     assert "data-col='load'>0.25<" in page and "data-col='announced_concurrency'>1<" in page
     cli = run_cli(["status", "--admin", str(act.admin)])
     assert "announced: load 0.25, concurrency 1" in cli.stdout, cli.stdout
+
+
+def test_with_workers_an_announced_concurrency_never_lifts_the_ceiling(
+    activator_factory: Any, pod_factory: Any
+) -> None:
+    """``workers: 2``: each worker hears the pod itself; whatever it heard, the pod never
+    holds more than container_concurrency (its own peak says so)."""
+    (pod,) = pod_factory(1)
+    announce(pod, orca="TEXT cpu_utilization=0.5, named_metrics.max_concurrency=10")
+    service = service_config([pod], container_concurrency=2, queue_timeout="60s", lb_policy="least-loaded", load=ORCA)
+    act = activator_factory({"workers": 2, "access_log": False, "services": {"api": service}})
+    for _ in range(4):
+        served_by(act)
+    wait_until(lambda: pod_status(act, pod)["announced_concurrency"] == 2)
+    pod.reset()
+    statuses = concurrent_requests(8, lambda i: request(act.listen, "GET", "/work?ms=50", timeout=60).status)
+    assert statuses == [200] * 8
+    assert pod.stats()["peak"] <= 2  # the ceiling (whether both workers were busy at once is the kernel's)
