@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 TESTS_DIR = Path(__file__).resolve().parent
 REPO_ROOT = TESTS_DIR.parent
@@ -26,6 +27,15 @@ for _p in (str(REPO_ROOT), str(TESTS_DIR)):
 
 if TYPE_CHECKING:
     from harness import Activator, NotifySocket, Pod, StatsdReceiver
+
+# Hypothesis's time-based checks (a 200 ms deadline per example, the "too slow" health
+# check) fail at random on a busy machine, and no test here asserts a duration: they are
+# off in the profile a developer gets. With CI set, Hypothesis loads its own "ci" profile
+# (the same, plus derandomized examples and no example database), so that a CI run is
+# reproducible. How many examples a property tries is the test's own ``@settings``.
+settings.register_profile("dev", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+if settings.get_current_profile_name() == "default":
+    settings.load_profile("dev")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -92,6 +102,41 @@ def activator_factory(request: pytest.FixtureRequest, tmp_path: Path) -> Iterato
         if failed:
             print(f"\n=== activator {act.command()} in {act.dir}\n{act.output_tail()}")
         act.close()
+
+
+class Proxied:
+    """One pod behind one activator, ``make_config([pod])``: see :func:`proxied`."""
+
+    def __init__(self, pod: Pod, act: Activator) -> None:
+        self.pod = pod
+        self.act = act
+
+
+@pytest.fixture(scope="module")
+def _proxied_for_the_module(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proxied]:
+    import harness
+
+    with harness.Pod() as pod:
+        config = harness.make_config([pod])
+        with harness.Activator(config, workdir=tmp_path_factory.mktemp("proxied")) as act:
+            yield Proxied(pod, act)
+
+
+@pytest.fixture
+def proxied(request: pytest.FixtureRequest, _proxied_for_the_module: Proxied) -> Iterator[Proxied]:
+    """One pod (``tests/backend.py``, cc 1) behind an activator with the plain config
+    (``make_config([pod])``), started once per module and shared by the tests that leave
+    both as they found them (no reload, no signal, no pod stopped, nothing held): each
+    test gets them idle (every count in ``/status`` back to zero) and the pod's counts
+    zeroed. A test that changes either starts its own (``activator_factory``)."""
+    setup = _proxied_for_the_module
+    setup.act.process.check_running("the shared activator (a test before this one stopped it)")
+    setup.pod.process.check_running("the shared pod (a test before this one stopped it)")
+    setup.act.wait_idle()
+    setup.pod.reset()
+    yield setup
+    if _failed(request):
+        print(f"\n=== shared activator {setup.act.command()} in {setup.act.dir}\n{setup.act.output_tail()}")
 
 
 @pytest.fixture

@@ -33,11 +33,11 @@ What this module decides, and its rules:
 from __future__ import annotations
 
 import atexit
-import collections
 import contextlib
 import http.client
 import json
 import os
+import random
 import re
 import shlex
 import shutil
@@ -104,36 +104,67 @@ def free_port(kind: int = socket.SOCK_STREAM) -> int:
     return free_ports(1, kind)[0]
 
 
-#: Ports handed out lately: a port picked is only reserved by its number until its server
-#: binds it, so the next picks skip it (an activator's admin port once came out equal to
-#: a peer's proxy port picked just before, and the file was refused).
-_HANDED_OUT: collections.deque[int] = collections.deque(maxlen=4096)
-_HANDED_OUT_LOCK = threading.Lock()
+#: The first port of the tests' own block, which ends where the kernel's ephemeral ports
+#: begin (``ip_local_port_range``, 32768 by default).
+PORT_BLOCK_START = 10000
 
 
-def free_ports(n: int, kind: int = socket.SOCK_STREAM) -> list[int]:
-    """``n`` distinct free ports, none handed out lately (all held open together while
-    they are picked)."""
-    socks: list[socket.socket] = []
-    try:
-        with _HANDED_OUT_LOCK:
-            ports: list[int] = []
-            for _ in range(n + 1000):
-                s = socket.socket(socket.AF_INET, kind)
-                s.bind((LOCALHOST, 0))
-                socks.append(s)  # (held, so that the kernel does not give it again now)
-                port = s.getsockname()[1]
-                if port not in _HANDED_OUT:
-                    ports.append(port)
-                    if len(ports) == n:
-                        break
-            else:
-                raise HarnessError(f"no {n} free ports left that were not handed out lately")
-            _HANDED_OUT.extend(ports)
-            return ports
-    finally:
-        for s in socks:
-            s.close()
+def _port_slice() -> range:
+    """This process's slice of the ports the tests hand out.
+
+    The block lies below the kernel's ephemeral range, so that no ``bind(0)`` and no
+    outgoing connection's local port takes a port between its pick and its server's
+    bind (the ports the kernel hands out are all above it). Each pytest-xdist worker
+    (``PYTEST_XDIST_WORKER=gwN`` of ``PYTEST_XDIST_WORKER_COUNT``) has a slice of its own,
+    so that two workers never pick the same port; a run without workers has the whole
+    block."""
+    ephemeral = 32768
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        ephemeral = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    block = range(PORT_BLOCK_START, max(ephemeral, PORT_BLOCK_START + 2000))
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    count = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1))
+    index = int(worker[2:]) % count if worker.startswith("gw") and worker[2:].isdigit() else 0
+    size = len(block) // count
+    return range(block.start + index * size, block.start + (index + 1) * size)
+
+
+_PORTS = _port_slice()
+#: Where the next pick starts: picks go round the slice, so that a port handed out is not
+#: handed out again before the whole slice has been (its server binds it meanwhile). The
+#: start is random, so that two test runs side by side start apart.
+_next_port = random.randrange(len(_PORTS))
+_ports_lock = threading.Lock()
+
+
+def _is_free(port: int, kind: int) -> bool:
+    with socket.socket(socket.AF_INET, kind) as sock:
+        try:
+            sock.bind((LOCALHOST, port))  # (no SO_REUSEADDR: a port in TIME_WAIT is not free)
+        except OSError:
+            return False
+    return True
+
+
+def free_ports(n: int, kind: int = socket.SOCK_STREAM, *, consecutive: bool = False) -> list[int]:
+    """``n`` distinct ports on 127.0.0.1 that were free a moment ago (``consecutive``: a
+    run of ``n`` neighbours), from this process's slice (:func:`_port_slice`), none
+    handed out before in the last round of the slice."""
+    global _next_port
+    with _ports_lock:
+        ports: list[int] = []
+        for _ in range(len(_PORTS)):
+            port = _PORTS[_next_port]
+            _next_port = (_next_port + 1) % len(_PORTS)
+            if consecutive and ports and port != ports[-1] + 1:
+                ports = []  # wrapped round the slice: start the run again
+            if _is_free(port, kind):
+                ports.append(port)
+                if len(ports) == n:
+                    return ports
+            elif consecutive:
+                ports = []
+        raise HarnessError(f"no {n} free ports left in {_PORTS}")
 
 
 def wait_until(

@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import harness
 import pytest
 from harness import (
     SERVICE,
@@ -235,6 +236,31 @@ def test_stop_refuses_and_restart_same_port() -> None:
 def test_free_ports_distinct() -> None:
     ports = free_ports(5)
     assert len(set(ports)) == 5
+
+
+def test_free_ports_consecutive_are_a_run_of_free_neighbours() -> None:
+    first, *rest = free_ports(4, consecutive=True)
+    assert rest == [first + 1, first + 2, first + 3]
+    for port in (first, *rest):
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", port))
+
+
+def test_xdist_workers_pick_ports_from_slices_of_their_own_below_the_ephemeral_range(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    ephemeral = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "3")
+    slices = []
+    for worker in ("gw0", "gw1", "gw2"):
+        monkeypatch.setenv("PYTEST_XDIST_WORKER", worker)
+        slices.append(set(harness._port_slice()))
+    assert all(len(s) > 1000 for s in slices)
+    assert not (slices[0] & slices[1]) and not (slices[1] & slices[2]) and not (slices[0] & slices[2])
+    assert max(max(s) for s in slices) < ephemeral
+    monkeypatch.delenv("PYTEST_XDIST_WORKER")
+    monkeypatch.delenv("PYTEST_XDIST_WORKER_COUNT")
+    assert slices[0] | slices[1] | slices[2] <= set(harness._port_slice())  # a run without workers: the block
 
 
 def test_wait_until_fails_with_message() -> None:

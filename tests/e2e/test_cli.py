@@ -7,9 +7,7 @@ set, else ``python -m activator``). Exit codes per SPEC.md: 0 clean, 1 runtime f
 
 from __future__ import annotations
 
-import random
 import re
-import socket
 import textwrap
 from pathlib import Path
 
@@ -281,34 +279,9 @@ def test_status_reads_the_admin_address_of_the_file(pod_factory, activator_facto
     assert pod.address in result.stdout
 
 
-def consecutive_free_ports(n: int, avoid: list[int]) -> int:
-    """The first of ``n`` consecutive ports free a moment ago (none of ``avoid``), below
-    the kernel's range of ephemeral ports (where neighbours are often taken)."""
-    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    rng = random.Random()
-    for _ in range(200):
-        first = rng.randrange(10000, low - n)
-        ports = range(first, first + n)
-        if set(ports) & set(avoid):
-            continue
-        socks = []
-        try:
-            for port in ports:
-                sock = socket.socket()
-                socks.append(sock)
-                sock.bind((LOCALHOST, port))
-            return first
-        except OSError:
-            continue
-        finally:
-            for sock in socks:
-                sock.close()
-    raise AssertionError(f"no {n} consecutive free ports")
-
-
 def test_the_demo_moves_its_ports_without_editing_its_file(tmp_path):
     listen, admin = free_ports(2)
-    first_pod = consecutive_free_ports(3, [listen, admin])
+    first_pod = free_ports(3, consecutive=True)[0]
     before = (Path(__file__).resolve().parents[2] / "config" / "demo.yaml").read_text()
     demo = Process(
         [

@@ -5,7 +5,8 @@ The real ``activator run`` (or ``$ACTIVATOR_BIN``) runs as a subprocess in front
 test waits by polling (``/status``, the pods' ``/_stats``) with generous timeouts and
 never asserts on elapsed time. Most tests end with :meth:`Activator.wait_idle`: every count
 in ``/status`` back to zero, which is how a leaked slot (a path that forgot to release)
-shows up.
+shows up. The tests that leave the activator and its pod as they found them share one
+pair for the module (the ``proxied`` fixture).
 """
 
 from __future__ import annotations
@@ -165,9 +166,8 @@ def test_routing_by_host(pod_factory, activator_factory):
     act.wait_idle()
 
 
-def test_absolute_form_target_is_refused_and_reaches_no_pod(pod_factory, activator_factory):
-    (pod,) = pod_factory(1)
-    act = activator_factory(make_config([pod]))
+def test_absolute_form_target_is_refused_and_reaches_no_pod(proxied):
+    pod, act = proxied.pod, proxied.act
 
     sock = send_raw(
         act.listen,
@@ -233,9 +233,8 @@ def test_pod_slower_than_request_timeout_answers_504(pod_factory, activator_fact
 # bodies streaming both ways
 
 
-def test_large_upload_with_content_length_arrives_intact(pod_factory, activator_factory):
-    (pod,) = pod_factory(1)
-    act = activator_factory(make_config([pod]))
+def test_large_upload_with_content_length_arrives_intact(proxied):
+    act = proxied.act
     body = os.urandom(4 * MiB)
 
     resp = request(
@@ -255,9 +254,8 @@ def test_large_upload_with_content_length_arrives_intact(pod_factory, activator_
     act.wait_idle()
 
 
-def test_large_chunked_upload_arrives_intact(pod_factory, activator_factory):
-    (pod,) = pod_factory(1)
-    act = activator_factory(make_config([pod]))
+def test_large_chunked_upload_arrives_intact(proxied):
+    act = proxied.act
     body = os.urandom(4 * MiB)
 
     def pieces() -> Iterator[bytes]:
@@ -272,9 +270,8 @@ def test_large_chunked_upload_arrives_intact(pod_factory, activator_factory):
     act.wait_idle()
 
 
-def test_large_download_arrives_intact(pod_factory, activator_factory):
-    (pod,) = pod_factory(1)
-    act = activator_factory(make_config([pod]))
+def test_large_download_arrives_intact(proxied):
+    act = proxied.act
     size = 4 * MiB
 
     resp = request(act.listen, path=f"/download?bytes={size}")
@@ -284,9 +281,8 @@ def test_large_download_arrives_intact(pod_factory, activator_factory):
     act.wait_idle()
 
 
-def test_server_sent_events_arrive_chunk_by_chunk(pod_factory, activator_factory):
-    (pod,) = pod_factory(1)
-    act = activator_factory(make_config([pod]))
+def test_server_sent_events_arrive_chunk_by_chunk(proxied):
+    pod, act = proxied.pod, proxied.act
 
     with stream(act.listen, path="/sse?n=5&gap_ms=300") as resp:
         assert resp.status == 200
@@ -347,9 +343,8 @@ def test_forwarded_headers_and_hop_by_hop_headers(pod_factory, activator_factory
     act.wait_idle()
 
 
-def test_x_forwarded_for_is_set_without_a_client_value(pod_factory, activator_factory):
-    (pod,) = pod_factory(1)
-    act = activator_factory(make_config([pod]))
+def test_x_forwarded_for_is_set_without_a_client_value(proxied):
+    act = proxied.act
     seen = request(act.listen, path="/echo", host="x.example.com").json()["headers"]
     assert seen["x-forwarded-for"] == "127.0.0.1"
     assert seen["x-forwarded-host"] == "x.example.com"
@@ -357,9 +352,8 @@ def test_x_forwarded_for_is_set_without_a_client_value(pod_factory, activator_fa
 
 
 @pytest.mark.parametrize("method", ["PUT", "DELETE", "PATCH", "OPTIONS", "POST"])
-def test_methods_pass_through_with_target_untouched(pod_factory, activator_factory, method):
-    (pod,) = pod_factory(1)
-    act = activator_factory(make_config([pod]))
+def test_methods_pass_through_with_target_untouched(proxied, method):
+    act = proxied.act
     target = "/echo/a%20b%2Fc/%7Euser?q=%41%2B%2b&x=1&empty=&sp=a+b&pct=%25"
     body = b"payload for " + method.encode() if method in ("PUT", "PATCH", "POST") else None
 
