@@ -198,6 +198,11 @@ def format_status(status: dict[str, Any]) -> str:
                 f" {slots:>5} {pod['requests']:>9} {pod.get('requests_per_second', 0.0):>7.1f}"
                 f" {pod.get('responses', {}).get('5xx', 0):>6} {pod['failures']:>8} {pod.get('failures_total', 0):>10}"
             )
+            if pod.get("load") is not None or pod.get("announced_concurrency") is not None:
+                load, concurrency = pod.get("load"), pod.get("announced_concurrency")
+                lines.append(
+                    f"    announced: load {'-' if load is None else f'{load:g}'}, concurrency {concurrency or '-'}"
+                )
     return "\n".join(lines)
 
 

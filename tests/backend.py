@@ -14,6 +14,10 @@ prints it). What it decides, and its rules:
   that was already complete.
 - Control endpoints are never counted: ``GET /_stats``, ``POST /_reset``, ``/healthz``,
   ``POST /_health?ok=0|1&hang=0|1``, ``POST /_release?key=K`` (``key=*``: every one).
+- The load it announces: ``POST /_load?orca=VALUE`` puts ``endpoint-load-metrics: VALUE``
+  (ORCA's header, e.g. ``TEXT cpu_utilization=0.3``) on every work response (empty:
+  none); ``POST /_load?gauge=N`` sets the gauge ``pod_queue_length`` that ``GET /metrics``
+  (Prometheus text, never counted) shows.
 - ``/hold?key=K`` is held until the test releases ``K``: tests that must know exactly
   what runs where (a pod busy until told) need no timing. ``/_stats`` lists the keys held.
 - Work endpoints: ``/delay?ms=``, ``/upload``, ``/download?bytes=``, ``/sse?n=&gap_ms=``,
@@ -57,7 +61,7 @@ Environ = dict[str, Any]
 PIECE = 64 * 1024
 _PATTERN = bytes(range(251)) * (PIECE // 251 + 2)
 
-CONTROL_PATHS = frozenset({"/_stats", "/_reset", "/healthz", "/_health", "/_release"})
+CONTROL_PATHS = frozenset({"/_stats", "/_reset", "/healthz", "/_health", "/_release", "/_load", "/metrics"})
 RAW_PATHS = frozenset({"/hang", "/garbage", "/reset-mid-body"})
 
 
@@ -147,6 +151,9 @@ class Backend:
         self.stats = Stats()
         self.healthy = healthy
         self.health_hang = False
+        #: What it announces (``/_load``): the ORCA header's value, and its gauge.
+        self.orca = ""
+        self.gauge = 0.0
         #: /hold requests waiting for their release, by key (several may share one).
         self.held: dict[str, list[gevent.event.Event]] = {}
 
@@ -184,6 +191,8 @@ class Backend:
         else:
             body = b""
         headers.extend(extra or [])
+        if self.orca:
+            headers.append(("endpoint-load-metrics", self.orca))
         start_response(_status_line(code), headers)
         return [body]
 
@@ -205,6 +214,15 @@ class Backend:
                     event.set()
                     released += 1
             return self._json(start_response, {"released": released})
+        if path == "/_load":
+            if "orca" in q:
+                self.orca = q["orca"]
+            if "gauge" in q:
+                self.gauge = float(q["gauge"])
+            return self._json(start_response, {"orca": self.orca, "gauge": self.gauge})
+        if path == "/metrics":
+            text = f"# HELP pod_queue_length Waiting.\n# TYPE pod_queue_length gauge\npod_queue_length {self.gauge}\n"
+            return self._respond(start_response, 200, text.encode(), "text/plain; version=0.0.4")
         if path == "/_reset":
             self.stats.reset()
             return self._json(start_response, self.stats.as_dict())

@@ -54,6 +54,7 @@ from activator.core.errors import (
 )
 from activator.core.failures import CONNECT_RETRIES, may_retry_elsewhere
 from activator.core.heads import BodyFraming, Header
+from activator.core.load import LoadReading, reading_in_head
 from activator.core.timeouts import Timeouts
 from activator.pods.h2c import CONNECTION_ATTEMPTS, H2PodPool, H2PodStream
 
@@ -970,3 +971,13 @@ def test_abort_cancels_the_stream_and_the_connection_stays(h2pod: PodFactory) ->
     eventually(lambda: resets_of(pod) == [(1, ErrorCodes.CANCEL)], "the pod seeing the stream cancelled")
     assert fetch(pool)[1] == pattern(MiB)
     assert len(pod.connections) == 1
+
+
+def test_the_load_an_h2c_pod_announces_is_read_from_its_head(h2pod: PodFactory) -> None:
+    """The proxy reads ORCA's header from ``response.head`` whichever client made it."""
+    _, pool = h2pod(
+        answer(headers=[(b"endpoint-load-metrics", b"TEXT cpu_utilization=0.4, named_metrics.max_concurrency=2")])
+    )
+    response, _ = fetch(pool)
+    head = response.head
+    assert reading_in_head(head.headers, head.lower_names, "cpu_utilization") == LoadReading(0.4, 2)

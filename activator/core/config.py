@@ -32,8 +32,9 @@ from typing import Any, TypeVar
 
 from .errors import ConfigError
 from .h2budgets import H2Budgets
+from .load import DEFAULT_METRIC
 
-LB_POLICIES = ("auto", "first-available", "round-robin", "least-in-flight")
+LB_POLICIES = ("auto", "first-available", "round-robin", "least-in-flight", "least-loaded")
 _OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
 _DOTTED_QUAD = re.compile(rf"{_OCTET}(?:\.{_OCTET}){{3}}")
 #: More worker processes than this is a typo, not a machine (one per core is the point).
@@ -138,6 +139,16 @@ class FairBy:
 
 
 @dataclass(frozen=True)
+class LoadConfig:
+    """Where a service's pods announce their load (``load``): ORCA's response header
+    (``path`` None; ``metric`` names the ORCA metric that is the figure), or one gauge
+    ``metric`` of the Prometheus text at ``path``, read at each probe interval."""
+
+    metric: str = DEFAULT_METRIC
+    path: str | None = None
+
+
+@dataclass(frozen=True)
 class ServiceConfig:
     name: str
     hosts: tuple[str, ...]  # lower-cased, without port; "*" is the catch-all
@@ -165,6 +176,7 @@ class ServiceConfig:
     tenant_queue_share: float = 0.5
     #: None: the pods are started by someone else.
     launch: LaunchConfig | None = None
+    load: LoadConfig | None = None
 
 
 @dataclass(frozen=True)
@@ -288,7 +300,11 @@ _SERVICE_KEYS = (
     "fair_by",
     "tenant_queue_share",
     "launch",
+    "load",
 )
+_LOAD_KEYS = ("from", "metric")
+# An ORCA metric name (``cpu_utilization``, ``named_metrics.queue``) or a Prometheus one.
+_METRIC_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_:.]*")
 _PRIORITY_KEYS = ("classes", "default", "from", "hosts", "queue_timeout", "max_starvation")
 _CLASS_NAME = re.compile(r"[A-Za-z0-9_-]+")
 # A header name (RFC 9110 token), as ``from.header`` and ``fair_by.header`` name one.
@@ -786,11 +802,16 @@ class _Parser:
                 else d.tenant_queue_share
             ),
             launch=launch,
+            load=m.optional("load", self.load),
         )
         if service.priority is not None:
             for host in service.priority.hosts:
                 if host not in service.hosts:
                     raise self.fail((*path, "priority", "hosts", host), "is not one of the service's hosts")
+        if service.lb_policy == "least-loaded" and service.load is None:
+            raise self.fail(m.path("lb_policy"), "least-loaded needs load (where the pods announce it)")
+        if service.load is not None and service.load.path is not None and service.probe is None:
+            raise self.fail(m.path("load"), "a gauge is read at each probe: it needs probe")
         if m.has("tenant_queue_share") and service.fair_by is None:
             raise self.fail(m.path("tenant_queue_share"), "needs fair_by (who a tenant is)")
         return service
@@ -866,6 +887,24 @@ class _Parser:
             raise self.fail(path, f"must be null, client_ip or {{header: NAME}}, got {_describe_value(value)}")
         m = self.section(value, path, ("header",))
         return FairBy(self.name(m.required("header"), m.path("header"), _HEADER_NAME, "a header name").lower())
+
+    def load(self, value: object, path: KeyPath) -> LoadConfig:
+        """``{from: orca, metric: NAME}`` or ``{from: {path: /metrics, metric: NAME}}``."""
+        m = self.section(value, path, _LOAD_KEYS)
+        source = m.required("from")
+        if source == "orca":
+            return LoadConfig(m.name("metric", DEFAULT_METRIC, _METRIC_NAME, "an ORCA metric name"))
+        if not isinstance(source, dict):
+            raise self.fail(
+                m.path("from"), f"must be orca or {{path: /metrics, metric: NAME}}, got {_describe_value(source)}"
+            )
+        if m.has("metric"):
+            raise self.fail(m.path("metric"), "with a Prometheus gauge, the metric goes in from")
+        g = self.section(source, m.path("from"), ("path", "metric"))
+        return LoadConfig(
+            metric=self.name(g.required("metric"), g.path("metric"), _METRIC_NAME, "a Prometheus metric name"),
+            path=g.name("path", "/metrics", _PROBE_PATH, "a URL path starting with / (no spaces)"),
+        )
 
     def mapping(self, value: object, path: KeyPath, what: str) -> dict[str | int, object]:
         """A non-empty mapping with scalar keys (a YAML number key is taken as its text)."""
@@ -1430,6 +1469,10 @@ def _describe_service(service: ServiceConfig) -> list[str]:
             + f"cold_start_timeout {format_duration(launch.cold_start_timeout)}, "
             + f"stop_pods_on_exit {_show(launch.stop_pods_on_exit)}"
         )
+    load = service.load
+    if load is not None:
+        where = "the endpoint-load-metrics header (ORCA)" if load.path is None else f"GET {load.path} at each probe"
+        lines.append(f"  load: {load.metric} from {where}")
     lines.append(f"  pods ({len(service.pods)}):" if service.pods else "  pods: none")
     lines += [f"    {pod.address}{'  (drain)' if pod.drain else ''}" for pod in service.pods]
     return lines

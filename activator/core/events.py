@@ -47,6 +47,17 @@ class TransportFailure:
 
 
 @dataclass(frozen=True)
+class LoadReported:
+    """A pod announced its load (``core.load``): in a response's ORCA header, or in the
+    gauge read at a probe. ``figure`` / ``concurrency`` None: not announced."""
+
+    service: str
+    address: str
+    figure: float | None
+    concurrency: int | None
+
+
+@dataclass(frozen=True)
 class Tick:
     """Time passed: drain timeouts, retired services, hand-overs waited out."""
 
@@ -74,4 +85,4 @@ class PeerChecked:
     forwarding: bool = False
 
 
-Event = ConfigChanged | ProbeReport | TransportFailure | Tick | ViewReceived | PeerChecked
+Event = ConfigChanged | ProbeReport | TransportFailure | LoadReported | Tick | ViewReceived | PeerChecked

@@ -13,6 +13,11 @@ of every pod: per-request cost must not grow with the number of pods.
   with fewer requests in flight (Knative's choice for cc 0).
 - ``auto``: by container_concurrency, as Knative: 0 -> least-in-flight,
   1..3 -> first-available, more -> round-robin.
+- ``least-loaded``: the available pod with the lowest announced load (``core.load``),
+  ties by rank (the file's order). A pod that announced nothing is picked first, by
+  ``auto``'s choice among such pods: an unknown pod is tried (its first answer tells its
+  load), and with nothing announced anywhere the policy is ``auto``. A pod's figure
+  changes only with its reports: a burst fills the least loaded pod up to its limit.
 
 None of these yield or do I/O.
 """
@@ -31,6 +36,7 @@ class Pickable(Protocol):
     address: str
     rank: int  # position in the file; lower is "first"
     in_flight: int
+    load: float | None  # the figure the pod announced; None: nothing
 
 
 class Policy(Protocol):
@@ -181,9 +187,77 @@ class LeastInFlight:
         return getattr(pod, "address", None) in self._index
 
 
+class LeastLoaded:
+    """Min-heap of announcing pods by (figure, rank), with lazy deletion; pods that
+    announced nothing are in ``auto``'s policy and picked first (see the module docstring).
+
+    ``add`` again after a pod's figure changed moves it: O(log n) per change and pick.
+    """
+
+    name = "least-loaded"
+
+    def __init__(self, unannounced: Policy) -> None:
+        # Invariant: each available pod is in exactly one of _unannounced (load None) and
+        # _members (load not None); each member has a heap entry with its key in _keys;
+        # other heap entries are stale and skipped (and compacted away).
+        self._unannounced = unannounced
+        self._members: dict[str, Pickable] = {}
+        self._keys: dict[str, tuple[float, int]] = {}
+        self._heap: list[tuple[float, int, str]] = []
+
+    def add(self, pod: Pickable) -> None:
+        if pod.load is None:
+            self._discard_announced(pod)
+            self._unannounced.add(pod)
+            return
+        self._unannounced.discard(pod)
+        key = (pod.load, pod.rank)
+        if self._keys.get(pod.address) == key:
+            return
+        self._members[pod.address] = pod
+        self._keys[pod.address] = key
+        heapq.heappush(self._heap, (*key, pod.address))
+        if len(self._heap) > 2 * len(self._members) + 16:
+            self._heap = [(*k, a) for a, k in self._keys.items()]
+            heapq.heapify(self._heap)
+
+    def _discard_announced(self, pod: Pickable) -> None:
+        self._members.pop(pod.address, None)
+        self._keys.pop(pod.address, None)
+
+    def discard(self, pod: Pickable) -> None:
+        self._discard_announced(pod)
+        self._unannounced.discard(pod)
+
+    def pick(self) -> Pickable | None:
+        first = self._unannounced.pick()
+        if first is not None:
+            return first
+        heap, keys = self._heap, self._keys
+        while heap:
+            load, rank, address = heap[0]
+            if keys.get(address) == (load, rank):
+                return self._members[address]
+            heapq.heappop(heap)
+        return None
+
+    @property
+    def unannounced_policy(self) -> str:
+        """The name of the policy among pods that announced nothing."""
+        return self._unannounced.name
+
+    def __len__(self) -> int:
+        return len(self._members) + len(self._unannounced)
+
+    def __contains__(self, pod: object) -> bool:
+        return getattr(pod, "address", None) in self._members or pod in self._unannounced
+
+
 def make_policy(name: str, container_concurrency: int, rng: random.Random | None = None) -> Policy:
     """A fresh, empty policy for ``name`` (``auto`` resolved by ``container_concurrency``)."""
     concrete = resolve_lb_policy(name, container_concurrency)
+    if concrete == "least-loaded":
+        return LeastLoaded(make_policy("auto", container_concurrency, rng))
     if concrete == "first-available":
         return FirstAvailable()
     if concrete == "round-robin":
@@ -191,3 +265,13 @@ def make_policy(name: str, container_concurrency: int, rng: random.Random | None
     if concrete == "least-in-flight":
         return LeastInFlight(rng)
     raise ValueError(f"unknown lb_policy {name!r}")
+
+
+def policy_matches(policy: Policy, name: str, container_concurrency: int) -> bool:
+    """Whether ``policy`` is what ``make_policy(name, container_concurrency)`` would make
+    (else a reload replaces it): ``least-loaded`` also by its ``auto`` part."""
+    if policy.name != resolve_lb_policy(name, container_concurrency):
+        return False
+    if isinstance(policy, LeastLoaded):
+        return policy.unannounced_policy == resolve_lb_policy("auto", container_concurrency)
+    return True

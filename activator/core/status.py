@@ -44,6 +44,8 @@ SUMMED_POD_FIELDS = (
     "pod_time_seconds",
     "recent_pod_time_seconds",
 )
+#: What a pod announced (``core.load``), as each worker heard it: the highest is shown.
+ANNOUNCED_POD_FIELDS = ("load", "announced_concurrency")
 
 
 def add_into(into: Any, value: Any) -> Any:
@@ -73,6 +75,9 @@ def _merge_pod(seen: dict[str, Any], pod: dict[str, Any]) -> None:
             seen[key] = add_into(seen[key], pod[key]) if key in seen else copy.deepcopy(pod[key])
     seen["failures"] = max(seen["failures"], pod["failures"])
     seen["slots"] = None if seen["slots"] is None or pod["slots"] is None else seen["slots"] + pod["slots"]
+    for key in ANNOUNCED_POD_FIELDS:  # each worker hears the pod itself: the highest shown
+        mine, theirs = seen.get(key), pod.get(key)
+        seen[key] = theirs if mine is None else mine if theirs is None else max(mine, theirs)
     spent = seen.setdefault("seconds_by_state", {})
     for state, seconds in pod.get("seconds_by_state", {}).items():
         spent[state] = max(spent.get(state, 0.0), seconds)

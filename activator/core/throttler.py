@@ -47,9 +47,10 @@ from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .config import Listing, ServiceConfig, pod_changes, resolve_lb_policy
+from .config import Listing, ServiceConfig, pod_changes
 from .failures import FailureKind
-from .lb import Pickable, Policy, make_policy
+from .lb import Pickable, Policy, make_policy, policy_matches
+from .load import announced_limit
 from .priority import Classifier, queue_policy
 from .probes import Verdict
 from .states import PodEvent, PodState, next_state
@@ -114,6 +115,8 @@ class PodTracker:
         "recent_peak",
         "retries",
         "state_seconds",
+        "load",
+        "announced",
     )
 
     def __init__(self, address: str, rank: int, now: float) -> None:
@@ -144,6 +147,10 @@ class PodTracker:
         self.recent_peak = 0
         self.retries = 0  # requests whose connection to this pod failed, retried elsewhere
         self.state_seconds: dict[PodState, float] = {}  # time spent in each state left so far
+        # What the pod announces (``core.load``): its figure, and the limit its announced
+        # concurrency sets (already bounded: 1 <= announced <= container_concurrency).
+        self.load: float | None = None
+        self.announced: int | None = None
 
     def take_recent_peak(self) -> int:
         """The highest in_flight since the last call (the history's per-second peak),
@@ -162,11 +169,20 @@ class PodTracker:
         """Listed without drain, and not drained by its launcher: wanted serving."""
         return self.listed and not self.drain and not self.parked
 
+    @property
+    def limit(self) -> int | None:
+        """The most requests this activator sends it at once: its slots, lowered by the
+        concurrency it announced (never raised). None = unlimited."""
+        if self.slots is None or self.announced is None:
+            return self.slots
+        return min(self.slots, self.announced)
+
     def can_take(self) -> bool:
-        """Healthy with a free slot owned here."""
+        """Healthy with a free slot owned here (within the limit it announced)."""
         if self.state is not HEALTHY:
             return False
-        return self.slots is None or self.in_flight < self.slots
+        limit = self.limit
+        return limit is None or self.in_flight < limit
 
 
 def _note_peak(pod: PodTracker) -> None:
@@ -553,6 +569,23 @@ class ServiceThrottler:
                 self._fire(tracker, PodEvent.PROBE_FAILED, now, why)
         return self._effects()
 
+    def load_report(self, address: str, figure: float | None, concurrency: int | None, now: float) -> Effects:
+        """What a pod announced (``core.load``): its figure for ``least-loaded`` and the
+        concurrency it asks for, bounded by container_concurrency (never above it). A
+        lowered limit takes effect for the next grants (nothing running is cut); a raised
+        one hands the freed slots to the waiters at once."""
+        tracker = self.trackers.get(address)
+        if tracker is None:
+            return NO_EFFECTS
+        announced = announced_limit(concurrency, self.config.container_concurrency)
+        if tracker.load == figure and tracker.announced == announced:
+            return NO_EFFECTS
+        tracker.load, tracker.announced = figure, announced
+        self._capacity_stale = True
+        self._refresh(tracker)  # re-indexed by its new figure, or no longer free
+        self._dispatch(now)
+        return self._effects()
+
     def tick(self, now: float) -> Effects:
         """Periodic housekeeping: force out pods draining longer than drain_timeout."""
         limit = self.config.drain_timeout
@@ -584,7 +617,7 @@ class ServiceThrottler:
         healthy = [t for t in self.trackers.values() if t.state is HEALTHY]
         if self.config.container_concurrency == 0:
             return None if healthy else 0
-        return sum(t.slots or 0 for t in healthy)
+        return sum(t.limit or 0 for t in healthy)
 
     @property
     def idle(self) -> bool:
@@ -622,6 +655,8 @@ class ServiceThrottler:
                     "seconds_by_state": tracker.seconds_by_state(now),
                     "failures_total": tracker.failures_total,
                     "last_probe": _last_probe(tracker.last_probe, now),
+                    "load": tracker.load,
+                    "announced_concurrency": tracker.announced,
                     "transport_failures": {
                         f"{kind.value}.{'healthy' if healthy else 'unhealthy'}": n
                         for (kind, healthy), n in sorted(
@@ -720,7 +755,7 @@ class ServiceThrottler:
         if request:
             pod.requests += 1
         self.in_flight += 1
-        if pod.slots is not None and pod.in_flight >= pod.slots:
+        if not pod.can_take():
             self.policy.discard(pod)
         return Grant(pod)
 
@@ -796,7 +831,7 @@ class ServiceThrottler:
             self.contended = False
             if shared:
                 self._redirect_all()
-        if resolve_lb_policy(config.lb_policy, cc) != self.policy.name:
+        if not policy_matches(self.policy, config.lb_policy, cc):
             self.policy = make_policy(config.lb_policy, cc, self._rng)
         for change in pod_changes(old, config):
             self._apply_listing(change.address, change.after, now)
@@ -805,7 +840,10 @@ class ServiceThrottler:
         if old_probe is not None and config.probe is None:
             for tracker in list(self.trackers.values()):
                 self._admit_unprobed(tracker, now, "probe removed")
+        forget_load = old is not None and old.load != config.load
         for tracker in list(self.trackers.values()):
+            if forget_load:  # announced under other rules (or none now): heard again
+                tracker.load = tracker.announced = None
             if cc == 0:
                 tracker.slots = None
             elif owned is None:

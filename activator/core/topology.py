@@ -23,7 +23,16 @@ from typing import Any
 
 from .config import Config, ConfigDiff, ServiceConfig, normalize_host
 from .errors import PeerUnavailable, UnknownHost
-from .events import ConfigChanged, Event, PeerChecked, ProbeReport, Tick, TransportFailure, ViewReceived
+from .events import (
+    ConfigChanged,
+    Event,
+    LoadReported,
+    PeerChecked,
+    ProbeReport,
+    Tick,
+    TransportFailure,
+    ViewReceived,
+)
 from .fleet import Fleet, Forward
 from .peering import WORKER_SCOPE, Answer, Check
 from .throttler import NO_EFFECTS, Effects, EffectsCollector, ServiceThrottler
@@ -177,6 +186,11 @@ class Topology:
                 return NO_EFFECTS
             effects = throttler.probe_result(event.address, event.verdict, now, event.detail, event.duration)
             return _then(effects, self._redirect_if_elsewhere(event.service))
+        if isinstance(event, LoadReported):
+            throttler = self.services.get(event.service)
+            if throttler is None:
+                return NO_EFFECTS
+            return throttler.load_report(event.address, event.figure, event.concurrency, now)
         if isinstance(event, Tick):
             return self.tick(now)
         if isinstance(event, ConfigChanged):

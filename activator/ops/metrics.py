@@ -22,7 +22,9 @@ What this module decides (SPEC.md "StatsD metrics"; ``{p}`` prefix, ``{s}`` serv
   ``{p}.{s}.class.{c}.queued`` per priority class (when the service has classes),
   ``{p}.{s}.pods.{healthy,pending,draining}``,
   ``{p}.{s}.pod.{pod}.in_flight`` and ``{p}.{s}.pod.{pod}.peak_in_flight`` (the highest
-  since the pod's tracker exists: the proof that its limit held); and the per-pod transport-failure counters
+  since the pod's tracker exists: the proof that its limit held), ``.pod.{pod}.load`` and
+  ``.pod.{pod}.announced_concurrency`` (what the pod announced, ``core.load``; not sent
+  while it announced nothing); and the per-pod transport-failure counters
   ``{p}.{s}.pod.{pod}.{connect_errors,timeouts,resets}`` as the increase of the
   trackers' ``failure_counts`` (healthy and unhealthy summed) since the last flush,
   so the request path does nothing for them. A counter whose increase is 0 is not
@@ -82,6 +84,7 @@ from __future__ import annotations
 
 import logging
 import socket
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from typing import Any, NamedTuple, Protocol
 
@@ -179,7 +182,7 @@ class Batch(Protocol):
 
     def count(self, metric: Metric, value: int = 1) -> None: ...
     def timing(self, metric: Metric, ms: float) -> None: ...
-    def gauge(self, metric: Metric, value: int) -> None: ...
+    def gauge(self, metric: Metric, value: float) -> None: ...
     def send(self) -> None: ...
 
 
@@ -202,7 +205,7 @@ class PlainBatch:
     def timing(self, metric: Metric, ms: float) -> None:
         self.pipe.timing(metric.name, ms)
 
-    def gauge(self, metric: Metric, value: int) -> None:
+    def gauge(self, metric: Metric, value: float) -> None:
         self.pipe.gauge(metric.name, value)
 
     def send(self) -> None:
@@ -237,7 +240,7 @@ class TaggedBatch:
     def timing(self, metric: Metric, ms: float) -> None:
         self.lines.append(f"{metric.name}:{ms:0.6f}|ms{metric.tags}")
 
-    def gauge(self, metric: Metric, value: int) -> None:
+    def gauge(self, metric: Metric, value: float) -> None:
         self.lines.append(f"{metric.name}:{value}|g{metric.tags}")
 
     def send(self) -> None:
@@ -325,7 +328,7 @@ def failure_totals(tracker: PodTracker) -> dict[FailureKind, int]:
 class _PodNames:
     """One pod's metrics, the tracker last seen for it, and how much of its failures was sent."""
 
-    __slots__ = ("tracker", "in_flight", "peak_in_flight", "failures", "sent")
+    __slots__ = ("tracker", "in_flight", "peak_in_flight", "load", "announced", "failures", "sent")
 
     def __init__(self, namer: Namer, service: str, tracker: PodTracker, sent: dict[FailureKind, int]) -> None:
         pod = pod_id(tracker.address)
@@ -333,8 +336,22 @@ class _PodNames:
         self.tracker = tracker
         self.in_flight = namer("in_flight", service, pod, gauge=True)
         self.peak_in_flight = namer("peak_in_flight", service, pod, gauge=True)
+        self.load = namer("load", service, pod, gauge=True)
+        self.announced = namer("announced_concurrency", service, pod, gauge=True)
         self.failures = {kind: namer(kind.value, service, pod) for kind in FailureKind}
         self.sent = sent
+
+    def gauges(self, tracker: PodTracker) -> list[tuple[Metric, float]]:
+        """The pod's gauges now (what it announced only when it did). Does not yield."""
+        shown: list[tuple[Metric, float]] = [
+            (self.in_flight, tracker.in_flight),
+            (self.peak_in_flight, tracker.peak_in_flight),
+        ]
+        if tracker.load is not None:
+            shown.append((self.load, tracker.load))
+        if tracker.announced is not None:
+            shown.append((self.announced, tracker.announced))
+        return shown
 
     def failure_increase(self, tracker: PodTracker) -> list[tuple[Metric, int]]:
         """Counters for the failures since the last call (none when nothing new). Does not yield."""
@@ -592,7 +609,7 @@ class StatsdMetrics:
     def _fill(self, batch: Batch) -> None:
         sent: set[Metric] = set()
 
-        def gauge(metric: Metric, value: int) -> None:
+        def gauge(metric: Metric, value: float) -> None:
             batch.gauge(metric, value)
             sent.add(metric)
 
@@ -615,16 +632,14 @@ class StatsdMetrics:
                 gauge(names.capacity, throttler.capacity or 0)
             if fleet.divided(throttler.name):
                 gauge(names.handover_slots, fleet.held_slots(throttler.name))
-            per_state = dict.fromkeys(_POD_STATES, 0)
+            per_state = Counter(tracker.state for tracker in throttler.trackers.values())
             for tracker in throttler.trackers.values():
-                if tracker.state in per_state:
-                    per_state[tracker.state] += 1
                 pod = names.pod(tracker)
-                gauge(pod.in_flight, tracker.in_flight)
-                gauge(pod.peak_in_flight, tracker.peak_in_flight)
+                for metric, reading in pod.gauges(tracker):
+                    gauge(metric, reading)
                 count(pod.failure_increase(tracker))
-            for state, number in per_state.items():
-                gauge(names.pods_in_state[state], number)
+            for state in _POD_STATES:
+                gauge(names.pods_in_state[state], per_state[state])
             for address in [a for a in names.pods if a not in throttler.trackers]:
                 del names.pods[address]
         for name in [n for n in self._services if n not in live]:

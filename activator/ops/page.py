@@ -323,6 +323,8 @@ POD_TABLE: tuple[tuple[str, str, str, Callable[[Mapping[str, Any]], str]], ...] 
     ("in flight", "max 15 min", "peak_window", lambda pod: str(pod.get("peak_in_flight_window", "-"))),
     ("in flight", "max", "peak", lambda pod: str(pod.get("peak_in_flight", "-"))),
     ("in flight", "slots", "slots", lambda pod: "\u221e" if pod.get("slots") is None else str(pod["slots"])),
+    ("announced", "load", "load", lambda pod: "-" if pod.get("load") is None else fmt_number(pod["load"])),
+    ("announced", "cc", "announced_concurrency", lambda pod: str(pod.get("announced_concurrency") or "-")),
     ("requests", "total", "requests", lambda pod: str(pod.get("requests", 0))),
     ("requests", "req/s", "requests_per_second", lambda pod: fmt_number(pod.get("requests_per_second", 0.0))),
     ("requests", "retried", "retries", lambda pod: str(pod.get("retries", 0))),

@@ -246,6 +246,12 @@ class _PodFamilies:
             sp,
         )
         self.slots = _gauge("activator_pod_slots", "The pod's slots owned here (absent: unlimited)", sp)
+        self.load = _gauge("activator_pod_load", "The load the pod announced (absent: nothing announced)", sp)
+        self.announced = _gauge(
+            "activator_pod_announced_concurrency",
+            "The concurrency the pod announced, bounded by container_concurrency (absent: none)",
+            sp,
+        )
         self.requests = _counter("activator_pod_requests", "Requests sent to the pod (slots granted)", sp)
         self.responses = _counter(
             "activator_pod_responses", "Answers of the requests sent to the pod, by class", [*sp, "class"]
@@ -278,6 +284,10 @@ class _PodFamilies:
         self.window_peak.add_metric(on_pod, pod.get("peak_in_flight_window", 0))
         if pod.get("slots") is not None:
             self.slots.add_metric(on_pod, pod["slots"])
+        if pod.get("load") is not None:
+            self.load.add_metric(on_pod, pod["load"])
+        if pod.get("announced_concurrency") is not None:
+            self.announced.add_metric(on_pod, pod["announced_concurrency"])
         self.requests.add_metric(on_pod, pod.get("requests", 0))
         for cls in CLASSES:
             self.responses.add_metric([*on_pod, cls], pod.get("responses", {}).get(cls, 0))
@@ -297,6 +307,7 @@ class _PodFamilies:
         return states
 
     def __iter__(self) -> Iterator[Metric]:
-        yield from (self.state, self.in_flight, self.peak, self.window_peak, self.slots, self.requests)
+        yield from (self.state, self.in_flight, self.peak, self.window_peak, self.slots, self.load, self.announced)
+        yield from (self.requests,)
         yield from (self.responses, self.retries, self.pod_time, self.state_seconds, self.streak)
         yield from self.failures.values()

@@ -20,6 +20,13 @@ What is probed, when a probe is due and what an outcome counts as are decided in
   pool's deadlines are swept every 0.1 s and a busy loop reads late, so an answer can
   complete after the timeout; it is then ``TIMED_OUT`` (saying how long it took), never
   a pass that took longer than the probe allows.
+- **The load gauge** (``load: {from: {path, metric}}``): at each interval, due probe or
+  not (a busy pod is the one whose load matters), ``GET load.path`` with the probe's
+  connection and timeout; the Prometheus text (at most ``MAX_METRICS_BYTES``) is parsed
+  with prometheus-client's own parser, and the sum of the samples named ``metric`` (one
+  per label set, e.g. per model) is the pod's figure, posted as ``LoadReported`` when it
+  changed. No such sample, an error status, a body too long or unparsable: no figure
+  (the pod counts as silent: ``auto``'s choice), never a stale one.
 """
 
 from __future__ import annotations
@@ -29,12 +36,13 @@ import time
 from collections.abc import Callable
 
 import gevent
+from prometheus_client.parser import text_string_to_metric_families
 
 from ..base.exchange import PodRequest
 from ..base.writer import TopologyWriter
-from ..core.config import ProbeConfig
+from ..core.config import LoadConfig, ProbeConfig
 from ..core.errors import UpstreamBodyError, UpstreamConnectError, UpstreamTimeout
-from ..core.events import ProbeReport
+from ..core.events import LoadReported, ProbeReport
 from ..core.failures import FailureKind
 from ..core.heads import BodyFraming
 from ..core.probes import (
@@ -57,6 +65,8 @@ PROBE_HEADERS = [(b"User-Agent", b"activator-probe"), (b"Accept", b"*/*")]
 #: ``probe.interval``: the wait between its readiness and its first request is activator's
 #: own share of a cold start.
 BOOT_PROBE_INTERVAL = 0.01
+#: A longer Prometheus text is not read (a model server's is some hundred KB).
+MAX_METRICS_BYTES = 1 << 20
 
 
 class Prober:
@@ -125,7 +135,12 @@ class Prober:
                 probe = service.config.probe if service else None
                 if service is None or tracker is None or probe is None or not probed(tracker.state):
                     return
-                if not probe_due(tracker.in_flight, tracker.slots):
+                load = service.config.load
+                if load is not None and load.path is not None:
+                    figure = read_gauge(pool, address, load, probe.timeout)
+                    if figure != tracker.load:
+                        self.writer.post(LoadReported(service_name, address, figure, None))
+                if not probe_due(tracker.in_flight, tracker.limit):
                     continue  # busy with our own requests: alive, and a probe would queue behind them
                 started = time.monotonic()
                 outcome, detail = probe_once(pool, address, probe, protocol)
@@ -188,3 +203,44 @@ def probe_once(pool: PodClient, address: str, probe: ProbeConfig, protocol: str 
     if 200 <= status_code < 400 and not grpc_check:
         return ProbeOutcome.PASSED, ""
     return ProbeOutcome.BAD_STATUS, f"status {status_code}"
+
+
+def gauge_in(text: str, metric: str) -> float | None:
+    """The sum of the samples named ``metric`` in Prometheus ``text``; None: none, or
+    the text does not parse (or the sum is not a finite number >= 0)."""
+    total: float | None = None
+    try:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == metric:
+                    total = (total or 0.0) + float(sample.value)
+    except (ValueError, TypeError, IndexError, KeyError):
+        return None
+    if total is None or not 0 <= total < float("inf"):
+        return None
+    return total
+
+
+def read_gauge(pool: PodClient, address: str, load: LoadConfig, timeout: float) -> float | None:
+    """``GET load.path`` and the gauge in it (``gauge_in``); None on any failure."""
+    assert load.path is not None
+    headers = [(b"Host", address.encode()), *PROBE_HEADERS]
+    data = bytearray()
+    try:
+        with gevent.Timeout(timeout * 2 + 1):  # backstop; the pool enforces the real timeouts
+            response = pool.request(
+                PodRequest("GET", load.path.encode(), headers), Timeouts(timeout, timeout, total=timeout)
+            )
+            try:
+                for piece in response.body():
+                    data += piece
+                    if len(data) > MAX_METRICS_BYTES:
+                        response.abort()
+                        return None
+            finally:
+                response.close()
+    except (UpstreamConnectError, UpstreamTimeout, UpstreamBodyError, gevent.Timeout):
+        return None
+    if response.head.status != 200:
+        return None
+    return gauge_in(data.decode("utf-8", "replace"), load.metric)

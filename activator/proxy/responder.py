@@ -54,10 +54,11 @@ from ..core.errors import (
     UpstreamConnectError,
     UpstreamTimeout,
 )
-from ..core.events import PeerChecked, TransportFailure
+from ..core.events import LoadReported, PeerChecked, TransportFailure
 from ..core.failures import CONNECT_RETRIES, FailureKind, may_retry_elsewhere
 from ..core.fleet import Forward
-from ..core.heads import BodyFraming, Header, client_framing, connection_tokens
+from ..core.heads import BodyFraming, Header, ResponseHead, client_framing, connection_tokens
+from ..core.load import is_news, reading_in_head
 from ..core.peering import PEER_PATH
 from ..core.slotexchange import Borrowed
 from ..core.throttler import Grant, ServiceThrottler
@@ -562,7 +563,21 @@ class Proxy:
                 raise
             lease.answered = True
             record.upstream_start = sent_at
+            if config.load is not None and config.load.path is None:
+                self._note_load(config, lease.pod, response.head)
             return response
+
+    def _note_load(self, config: ServiceConfig, address: str, head: ResponseHead) -> None:
+        """The load the pod announced in its answer's ORCA header, to the topology writer
+        when it is news (``core.load``). Does not yield."""
+        assert config.load is not None
+        reading = reading_in_head(head.headers, head.lower_names, config.load.metric)
+        throttler = self.topology.services.get(config.name)
+        tracker = throttler.trackers.get(address) if throttler is not None else None
+        if reading is None or tracker is None:
+            return
+        if is_news(tracker.load, tracker.announced, reading, config.container_concurrency):
+            self.writer.post(LoadReported(config.name, address, reading.figure, reading.concurrency))
 
     def _relay(
         self, exchange: ClientExchange, response: PodResponse, record: RequestRecord, lease: SlotLease | None

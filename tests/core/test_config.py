@@ -608,7 +608,12 @@ VALID_SERVICE: list[tuple[str, dict[str, Any], dict[str, object]]] = [
     ),
     ("hosts-catch-all", {"hosts": ["*", "a.com"]}, {"hosts": ("*", "a.com")}),
     ("hosts-ip", {"hosts": ["10.0.0.1:8080"]}, {"hosts": ("10.0.0.1",)}),
-    *((f"lb-{policy}", {"lb_policy": policy}, {"lb_policy": policy}) for policy in LB_POLICIES),
+    *(
+        (f"lb-{policy}", {"lb_policy": policy}, {"lb_policy": policy})
+        for policy in LB_POLICIES
+        if policy != "least-loaded"
+    ),
+    ("lb-least-loaded", {"lb_policy": "least-loaded", "load": {"from": "orca"}}, {"lb_policy": "least-loaded"}),
 ]
 
 

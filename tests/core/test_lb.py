@@ -17,6 +17,7 @@ class Pod:
     address: str
     rank: int
     in_flight: int = 0
+    load: float | None = None
 
 
 def pods(n: int) -> list[Pod]:
