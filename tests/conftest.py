@@ -57,6 +57,16 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         harness.kill_all()
 
 
+@pytest.fixture(autouse=True)
+def _the_session_stays_unpatched() -> Iterator[None]:
+    """Fails the test that monkey-patched this process (importing ``activator.cli`` does:
+    it patches at import, as the executable must). Once patched, ``subprocess`` in this
+    worker is gevent's, and its child watchers hang when called from plain threads."""
+    yield
+    if "gevent.monkey" in sys.modules and sys.modules["gevent.monkey"].is_module_patched("socket"):
+        pytest.fail("this test monkey-patched the test process (an import of activator.cli?)")
+
+
 def _failed(request: pytest.FixtureRequest) -> bool:
     rep = getattr(request.node, "rep_call", None) or getattr(request.node, "rep_setup", None)
     return bool(rep is not None and rep.failed)

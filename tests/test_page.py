@@ -481,7 +481,7 @@ def test_a_fatal_line_gets_its_priority_under_the_journal(monkeypatch: Any) -> N
 
 
 def test_classes_and_tenants_show_on_the_page_in_status_and_in_metrics() -> None:
-    from activator.cli import format_status
+    from activator.ops.statustext import format_status
 
     status = synthetic_status(1)
     service = status["services"]["api"]
