@@ -226,11 +226,11 @@ def test_the_example_is_a_valid_file_as_it_is() -> None:
     parse_config_text(EXAMPLE.read_text(), "example.yaml")
 
 
-@pytest.mark.parametrize("key", NOT_IMPLEMENTED_YET)
-def test_a_key_not_implemented_yet_is_still_refused(key: str) -> None:
-    """Fails the day the loader accepts ``key``: then add it to the example and take it
-    out of ``NOT_IMPLEMENTED_YET``."""
-    name = key.rsplit(".", 1)[1]
-    text = f"services:\n  api:\n    hosts: [a.example.com]\n    {name}: null\n    pods: []\n"
-    with pytest.raises(ConfigError, match=name):
-        parse_config_text(text, "probe.yaml")
+def test_keys_not_implemented_yet_are_still_refused() -> None:
+    """Fails the day the loader accepts one of them: then add it to the example and take it
+    out of ``NOT_IMPLEMENTED_YET`` (empty today: every key of the contract is loaded)."""
+    for key in NOT_IMPLEMENTED_YET:
+        name = key.rsplit(".", 1)[1]
+        text = f"services:\n  api:\n    hosts: [a.example.com]\n    {name}: null\n    pods: []\n"
+        with pytest.raises(ConfigError, match=name):
+            parse_config_text(text, "probe.yaml")

@@ -600,6 +600,11 @@ class _Parser:
                 "terminate TLS in front of the activators",
             )
         workers = top.integer("workers", default.workers, minimum=1, maximum=MAX_WORKERS)
+        # The top-level settings before the services: an error is reported in the file's order.
+        grace_period = top.duration("grace_period", default.grace_period)
+        access_log = top.boolean("access_log", default.access_log)
+        limits = self.limits(top.get("limits")) if top.has("limits") else default.limits
+        statsd = top.optional("statsd", self.statsd)
         services = self.services(top.get("services"))
         launched = next((name for name, service in services.items() if service.launch is not None), None)
         if workers > 1 and launched is not None:
@@ -612,10 +617,10 @@ class _Parser:
             listen=listen,
             admin=admin,
             workers=workers,
-            grace_period=top.duration("grace_period", default.grace_period),
-            access_log=top.boolean("access_log", default.access_log),
-            limits=self.limits(top.get("limits")) if top.has("limits") else default.limits,
-            statsd=top.optional("statsd", self.statsd),
+            grace_period=grace_period,
+            access_log=access_log,
+            limits=limits,
+            statsd=statsd,
             tls=tls,
             activators=activators,
             services=services,
@@ -771,6 +776,7 @@ class _Parser:
                     f"must be one of {', '.join(LB_POLICIES)}, got {_describe_value(lb_value)}",
                 )
             lb_policy = lb_value
+        hosts = self.hosts(m.required("hosts"), m.path("hosts"))
         pods = self.pods(m.get("pods"), m.path("pods"))
         launch = m.optional("launch", lambda v, p: self.launch(v, p, pods))
         if launch is not None and m.get("probe") is None:
@@ -780,7 +786,7 @@ class _Parser:
             )
         service = ServiceConfig(
             name=name,
-            hosts=self.hosts(m.required("hosts"), m.path("hosts")),
+            hosts=hosts,
             container_concurrency=m.integer("container_concurrency", d.container_concurrency, minimum=0),
             queue_depth=m.integer("queue_depth", d.queue_depth, minimum=0),
             queue_timeout=m.duration("queue_timeout", d.queue_timeout),
