@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
 from builders import svc
 from hypothesis import given, settings
@@ -223,22 +224,13 @@ steps = st.lists(
 )
 
 
-@settings(max_examples=300, deadline=None)
-@given(
-    workers=st.integers(2, 3),
-    n_pods=st.integers(1, 3),
-    cc=st.integers(1, 2),
-    queue_depth=st.integers(1, 6),
-    script=steps,
-)
-def test_any_interleaving_keeps_limits_and_serves_everyone(
-    workers: int, n_pods: int, cc: int, queue_depth: int, script: list[tuple[str, int]]
-) -> None:
-    fleet = Fleet(workers, PODS[:n_pods], cc, queue_depth)
+def play(fleet: Fleet, workers: int, script: Any) -> None:
+    """Run ``script``'s steps on ``fleet``, checking it after each, then drain it: each step
+    is (action, pick, *what an arrival carries)."""
     fleet.check()
-    for action, pick in script:
+    for action, pick, *arrival in script:
         if action == "arrive":
-            fleet.arrive(pick % workers)
+            fleet.arrive(pick % workers, *arrival)
         elif action == "finish":
             running = [r for r in fleet.requests if r.outcome == "running"]
             if running:
@@ -256,6 +248,20 @@ def test_any_interleaving_keeps_limits_and_serves_everyone(
         fleet.check()
     fleet.drain()
     fleet.check_settled()
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    workers=st.integers(2, 3),
+    n_pods=st.integers(1, 3),
+    cc=st.integers(1, 2),
+    queue_depth=st.integers(1, 6),
+    script=steps,
+)
+def test_any_interleaving_keeps_limits_and_serves_everyone(
+    workers: int, n_pods: int, cc: int, queue_depth: int, script: list[tuple[str, int]]
+) -> None:
+    play(Fleet(workers, PODS[:n_pods], cc, queue_depth), workers, script)
 
 
 def settle(fleet: Fleet) -> None:
@@ -464,28 +470,7 @@ def test_messages_survive_the_wire() -> None:
 def test_a_classed_queue_across_workers_keeps_limits_and_serves_everyone(
     workers: int, n_pods: int, queue_depth: int, script: list[tuple[str, int, int, str]]
 ) -> None:
-    fleet = Fleet(workers, PODS[:n_pods], 1, queue_depth, classed=True)
-    fleet.check()
-    for action, pick, klass, tenant in script:
-        if action == "arrive":
-            fleet.arrive(pick % workers, klass, tenant)
-        elif action == "finish":
-            running = [r for r in fleet.requests if r.outcome == "running"]
-            if running:
-                fleet.finish(running[pick % len(running)])
-        elif action == "give-up":
-            waiting = [r for r in fleet.requests if r.outcome == "waiting"]
-            if waiting:
-                fleet.give_up(waiting[pick % len(waiting)])
-        else:
-            queues = fleet.to_hub if action == "to-hub" else fleet.to_worker
-            busy = [w for w in range(workers) if queues[w]]
-            if busy:
-                w = busy[pick % len(busy)]
-                (fleet.deliver_to_hub if action == "to-hub" else fleet.deliver_to_worker)(w)
-        fleet.check()
-    fleet.drain()
-    fleet.check_settled()
+    play(Fleet(workers, PODS[:n_pods], 1, queue_depth, classed=True), workers, script)
 
 
 def test_across_workers_the_highest_class_goes_first_and_tenants_take_turns() -> None:
