@@ -280,6 +280,18 @@ class EffectsCollector:
         return Effects(self._woken, self._transitions, self._lent)
 
 
+def then(first: Effects, second: Effects) -> Effects:
+    """The effects of two calls, in order (either may be empty)."""
+    if not second:
+        return first
+    if not first:
+        return second
+    collected = EffectsCollector()
+    collected.add(first)
+    collected.add(second)
+    return collected.result()
+
+
 class ServiceThrottler:
     """Admission, FIFO queue and pod trackers of one service. Does not yield."""
 

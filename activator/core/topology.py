@@ -35,7 +35,7 @@ from .events import (
 )
 from .fleet import Fleet, Forward
 from .peering import WORKER_SCOPE, Answer, Check
-from .throttler import NO_EFFECTS, Effects, EffectsCollector, ServiceThrottler
+from .throttler import NO_EFFECTS, Effects, EffectsCollector, ServiceThrottler, then
 
 #: Peer hops a request may take: the second only happens while activators disagree
 #: about who owns a service's slots (one applied a new file, the other not yet).
@@ -179,13 +179,13 @@ class Topology:
             if throttler is None:
                 return NO_EFFECTS
             effects = throttler.record_failure(event.address, event.kind, now)
-            return _then(effects, self._redirect_if_elsewhere(event.service))
+            return then(effects, self._redirect_if_elsewhere(event.service))
         if isinstance(event, ProbeReport):
             throttler = self.services.get(event.service)
             if throttler is None:
                 return NO_EFFECTS
             effects = throttler.probe_result(event.address, event.verdict, now, event.detail, event.duration)
-            return _then(effects, self._redirect_if_elsewhere(event.service))
+            return then(effects, self._redirect_if_elsewhere(event.service))
         if isinstance(event, LoadReported):
             throttler = self.services.get(event.service)
             if throttler is None:
@@ -306,14 +306,3 @@ class Topology:
         for name, throttler in list(self.services.items()):
             if name not in self.config.services and throttler.idle:
                 del self.services[name]
-
-
-def _then(first: Effects, second: Effects) -> Effects:
-    if not second:
-        return first
-    if not first:
-        return second
-    effects = EffectsCollector()
-    effects.add(first)
-    effects.add(second)
-    return effects.result()

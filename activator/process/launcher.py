@@ -41,7 +41,7 @@ from ..core.autoscale import Action, LaunchEffect, Launches, LaunchEvent, PodEnd
 from ..core.config import Config, LaunchConfig, PodConfig, fill_launch_template
 from ..core.errors import ColdStartFailed
 from ..core.states import PodState
-from ..core.throttler import NO_EFFECTS, Effects, EffectsCollector
+from ..core.throttler import NO_EFFECTS, Effects, EffectsCollector, then
 from ..core.topology import Topology
 
 log = logging.getLogger("activator")
@@ -212,7 +212,7 @@ class Launching:
         """A (new) config applied to the topology. Does not yield."""
         self._config = config
         effects = self._act(self.launches.configure(config, now), now)
-        return _combine(effects, self.step(now, sample=False))
+        return then(effects, self.step(now, sample=False))
 
     def handle(self, event: LaunchEvent, now: float) -> Effects:
         """A launch event, in the writer's step. Does not yield."""
@@ -225,7 +225,7 @@ class Launching:
                 level = logging.INFO if process.stopping else logging.WARNING
                 log.log(level, "pod %s (service %s) ended: %s", event.address, event.service, event.detail)
             effects = self._act(self.launches.ended(event.service, event.address, now, event.detail), now)
-            return _combine(effects, self._step((event.service,), now, False))
+            return then(effects, self._step((event.service,), now, False))
         return self._step((event.service,), now, False)
 
     def step(self, now: float, sample: bool | None = None) -> Effects:
@@ -331,14 +331,3 @@ class Launching:
 
     def snapshot(self, now: float) -> dict[str, dict[str, Any]]:
         return {name: scaler.snapshot(now) for name, scaler in self.launches.services.items()}
-
-
-def _combine(first: Effects, second: Effects) -> Effects:
-    if not first:
-        return second
-    if not second:
-        return first
-    collected = EffectsCollector()
-    collected.add(first)
-    collected.add(second)
-    return collected.result()
