@@ -279,6 +279,16 @@ def test_queue_wait_percentiles_come_from_each_seconds_buckets() -> None:
     assert wait["sum"] == pytest.approx(98 * 0.004 + 14.0 + 100 * 0.0002)
 
 
+def test_the_wait_histogram_counts_the_waits_since_the_last_sample_as_the_totals_do() -> None:
+    h = History()
+    h.sample({"api": throttler(A)}, 1)
+    for _ in range(3):
+        h.request_done(record(wait=0.02))
+    service = h.annotate({"api": {"pods": []}})["api"]
+    assert service["totals"]["requests"] == 3 == sum(service["queue_wait_seconds"]["counts"])
+    assert service["queue_wait_seconds"]["sum"] == pytest.approx(0.06)
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.floats(min_value=0.0, max_value=1000.0), min_size=1, max_size=300), st.sampled_from([0.5, 0.99]))
 def test_a_percentile_is_an_upper_bound_in_the_true_values_bucket(values: list[float], q: float) -> None:

@@ -596,7 +596,9 @@ class History:
                 "pod_transitions": dict(sorted(counters.transitions.items())),
             }
             service["latency_seconds"] = _histogram(counters.latency, counters.latency_sum)
-            service["queue_wait_seconds"] = _histogram(counters.waits, counters.wait_sum)
+            # The waits since the last sample count too: the sum already holds them.
+            waits = [kept + recent for kept, recent in zip(counters.waits, counters.second_waits, strict=True)]
+            service["queue_wait_seconds"] = _histogram(waits, counters.wait_sum)
             pod_rings = ring.pods if ring is not None else {}
             window = ring.keys(POINTS) if ring is not None else []
             for pod in service.get("pods", ()):
