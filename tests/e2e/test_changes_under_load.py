@@ -51,7 +51,7 @@ import json
 import os
 import re
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -262,6 +262,10 @@ class Rig:
     pods: list[Pod] = field(default_factory=list)  # every pod ever listed
     allowed: dict[str, int] = field(default_factory=dict)  # pod address -> its peak limit
     admins: list[str] = field(default_factory=list)  # the workers' admin addresses
+    #: In a fleet, the activators that run several workers (name -> workers) and, once
+    #: started, their workers' admin addresses.
+    fleet_workers: dict[str, int] = field(default_factory=dict)
+    fleet_admins: dict[str, list[str]] = field(default_factory=dict)
     spares: list[Pod] = field(default_factory=list)  # pods started, not listed yet
     taken: int = 0  # pods taken from the pool
     soak: bool = False  # after a stall, wait for the other hand-overs still
@@ -287,13 +291,16 @@ class Rig:
         }
         if not self.fleet:
             return {"workers": self.workers, "access_log": False, "services": services}
-        return fleet_config(name, {p: self.addresses[p] for p in self.peers}, services)
+        top = {"workers": self.fleet_workers[name]} if name in self.fleet_workers else {}
+        return fleet_config(name, {p: self.addresses[p] for p in self.peers}, services, **top)
 
     def start(self, name: str) -> Activator:
         """Start the activator ``name`` (a new one, also for a name that was used before)
         with the current file."""
         act = self.acts[name] = self.factory(self.config(name), start=False)
         act.start(wait_ready=False)
+        if name in self.fleet_workers:
+            self.fleet_admins[name] = worker_admins(act, self.fleet_workers[name])
         return act
 
     def next_pod(self) -> Pod:
@@ -345,13 +352,25 @@ class Rig:
     def processes(self) -> dict[str, Callable[[], dict[str, Any]]]:
         """Every process holding slots, by the name its peers give it, with its /status:
         each running activator of a fleet (one that left the file included, while it
-        runs), or each worker."""
-        if self.fleet:
-            return {n: act.status for n, act in self.acts.items() if act.is_running()}
+        runs; one with workers: each of them, as ``NAME/worker I``), or each worker."""
+        if not self.fleet:
+            return self._workers("", self.admins)
+        procs: dict[str, Callable[[], dict[str, Any]]] = {}
+        for name, act in self.acts.items():
+            if not act.is_running():
+                continue
+            if name in self.fleet_admins:
+                procs.update(self._workers(f"{name}/", self.fleet_admins[name]))
+            else:
+                procs[name] = act.status
+        return procs
+
+    @staticmethod
+    def _workers(prefix: str, admins: list[str]) -> dict[str, Callable[[], dict[str, Any]]]:
         procs = {}
-        for admin in self.admins:
+        for admin in admins:
             st = json_request(admin, "GET", "/status")
-            procs[f"worker {st['worker']['index']}"] = partial(json_request, admin, "GET", "/status")
+            procs[f"{prefix}worker {st['worker']['index']}"] = partial(json_request, admin, "GET", "/status")
         return procs
 
     def wait_applied(self) -> None:
@@ -359,8 +378,8 @@ class Rig:
         for name, act in self.running().items():
             act.wait_for(self.applied, message=f"{name} applied change {self.changes}: {describe}")
         procs = self.processes()
-        if not self.fleet:
-            for proc, status in procs.items():
+        for proc, status in procs.items():
+            if "worker" in proc:
                 wait_until(lambda status=status: self.applied(status()), message=f"{proc} applied: {describe}")
         if self.stalls and not self.soak:
             return  # one stall fails the case: its evidence is in, the rest is its load
@@ -375,16 +394,26 @@ class Rig:
         A hand-over still held ``STALLED_AFTER`` seconds after every holder it waits on
         ran no more than its new share of the pod (a stopped one: nothing) is stalled:
         the wait returns that evidence, and from then on ignores that hand-over."""
-        members = set(self.peers) if self.fleet else set(procs)
+        members = {p for p in procs if p.partition("/")[0] in self.peers} if self.fleet else set(procs)
         settled_since: dict[tuple[str, str, str], float] = {}
         evidence: list[str] = []
         last: list[str] = []
 
-        def holder_counts(statuses: dict[str, Any], holder: str, service: str, pod: str) -> tuple[int, int] | None:
+        def holder_counts(
+            statuses: dict[str, Any], checker: str, holder: str, service: str, pod: str
+        ) -> tuple[int, int] | None:
             """(in flight, slots) of the holder on the pod; None: unknown."""
+            if holder.startswith("worker ") and "/" in checker:  # a sibling of the checker
+                holder = f"{checker.partition('/')[0]}/{holder}"
             if holder in statuses:
                 shown = find_pod(statuses[holder], service, pod)
                 return None if shown is None else (shown["in_flight"], shown["slots"] or 0)
+            workers = [st for proc, st in statuses.items() if proc.startswith(f"{holder}/")]
+            if workers:  # a peer with workers: what they run and hold, summed
+                shown_all = [find_pod(st, service, pod) for st in workers]
+                if any(shown is None for shown in shown_all):
+                    return None
+                return sum(p["in_flight"] for p in shown_all), sum(p["slots"] or 0 for p in shown_all)
             act = self.acts.get(holder)
             return (0, 0) if act is not None and not act.is_running() else None
 
@@ -406,7 +435,9 @@ class Rig:
                         if key in self.stuck:
                             continue
                         busy = True
-                        holders = {h: holder_counts(statuses, h, svc_name, held["pod"]) for h in held["waiting_on"]}
+                        holders = {
+                            h: holder_counts(statuses, name, h, svc_name, held["pod"]) for h in held["waiting_on"]
+                        }
                         if not all(h is not None and h[0] <= h[1] for h in holders.values()):
                             settled_since.pop(key, None)
                             continue
@@ -587,17 +618,18 @@ def rig(
     *,
     peers: int = 0,
     workers: int = 1,
+    fleet_workers: Mapping[str, int] | None = None,
     threads: int = 16,
     ports: Callable[[list[str]], bool] | None = None,
     spares: int = 0,
     soak: bool = False,
 ) -> Iterator[Rig]:
     """The services' pods and ``spares`` more (their addresses chosen by ``ports``, when
-    given), ``peers`` activators (or one with ``workers``), and load through every one of
-    them. On the way out: the load stopped, no request failed, every peak within its limit,
-    every activator idle, the number of requests recorded; then a stalled hand-over fails
-    the case."""
-    r = Rig(activator_factory, pool, workers=workers, soak=soak)
+    given), ``peers`` activators (those named in ``fleet_workers`` with that many workers),
+    or one with ``workers``, and load through every one of them. On the way out: the load
+    stopped, no request failed, every peak within its limit, every activator idle, the
+    number of requests recorded; then a stalled hand-over fails the case."""
+    r = Rig(activator_factory, pool, workers=workers, soak=soak, fleet_workers=dict(fleet_workers or {}))
     listed = sum(n for _, _, n in SERVICES.values())
     with contextlib.ExitStack() as stack:
         if ports is not None:  # started here, on chosen ports: not the pool's
@@ -753,11 +785,13 @@ def test_twenty_changes_in_a_row_under_load(pod_pool, activator_factory):
 
 
 def test_three_activators_twelve_changes_under_load(pod_pool, activator_factory):
-    """Issue 25's scenario on three activators (one worker each): twelve changes rolled
-    in the README's order under load, among them cc lowered (2 -> 1: the slot that
-    remains waits for the holder of the one that vanished) and a peer removed; every
-    pod's own peak checked after each change."""
-    with rig(activator_factory, pod_pool, "3 activators, 12 changes", peers=3, soak=True) as r:
+    """Issue 25's scenario on three activators, one of them with two workers: twelve
+    changes rolled in the README's order under load, among them cc lowered (2 -> 1: the
+    slot that remains waits for the holder of the one that vanished) and a peer removed;
+    every pod's own peak checked after each change."""
+    with rig(
+        activator_factory, pod_pool, "3 activators, 12 changes", peers=3, fleet_workers={"vm-a": 2}, soak=True
+    ) as r:
         one = [e.pod for e in r.services["one"].entries]
         two = [e.pod for e in r.services["two"].entries]
         steps: list[tuple[str, Callable[[], Any]]] = [
